@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs what qksoftmax needs to build and test, from the registries only (Debian packages, PyPI).
+# Idempotent. Header-only CUTLASS/CuTe lands in .deps/cutlass/include (ignored by git; carried to the GPU
+# machine, which has no network); GoogleTest's sources are copied to .deps/googletest for the same reason.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CUTLASS_VERSION=4.2.0.0
+PY=${PYTHON:-python3}
+
+need_apt=()
+command -v cmake >/dev/null || need_apt+=(cmake)
+command -v ninja >/dev/null || need_apt+=(ninja-build)
+[ -d /usr/src/googletest ] || need_apt+=(googletest libgtest-dev)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
+  else
+    echo "deps.sh: please install: ${need_apt[*]}" >&2; exit 1
+  fi
+fi
+
+if [ ! -f .deps/cutlass/include/cute/tensor.hpp ] || [ "$(cat .deps/cutlass/VERSION 2>/dev/null)" != "$CUTLASS_VERSION" ]; then
+  rm -rf .deps/cutlass .deps/_cutlass_wheel
+  "$PY" -m pip download -q --no-deps --only-binary=:all: -d .deps/_cutlass_wheel "nvidia-cutlass==$CUTLASS_VERSION"
+  "$PY" - <<PYEOF
+import glob, zipfile, os
+whl = glob.glob(".deps/_cutlass_wheel/*.whl")[0]
+prefix = "cutlass_library/source/include/"
+with zipfile.ZipFile(whl) as z:
+    for name in z.namelist():
+        if name.startswith(prefix) and not name.endswith("/"):
+            dst = os.path.join(".deps/cutlass/include", name[len(prefix):])
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            with z.open(name) as src, open(dst, "wb") as out:
+                out.write(src.read())
+PYEOF
+  echo "$CUTLASS_VERSION" > .deps/cutlass/VERSION
+  rm -rf .deps/_cutlass_wheel
+fi
+
+if [ ! -f .deps/googletest/CMakeLists.txt ]; then
+  mkdir -p .deps && cp -r /usr/src/googletest .deps/googletest
+fi
+
+# Python build and test tools, pinned (the GPU machine has these versions preinstalled).
+"$PY" -m pip install -q "nanobind==3.1.0" "scikit-build-core==1.1.0" "pytest==9.2.0" "numpy==2.4.6" \
+  "matplotlib==3.11.2"

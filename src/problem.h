@@ -1,0 +1,47 @@
+// The validated, normalised form of a call: what both backends receive. Built by validate.cpp only.
+#pragma once
+
+#include <cstdint>
+
+#include "qksoftmax/qksoftmax.h"
+
+namespace qksoftmax {
+
+// A rank-4 operand (b, h, row, col) — or rank 3 (b, h, row) for lse, whose col stride is 0.
+// Strides are in elements. ptr is null when the operand is absent.
+struct Operand {
+  void* ptr = nullptr;
+  int64_t sb = 0, sh = 0, sr = 0, sc = 0;
+
+  bool present() const { return ptr != nullptr; }
+  int64_t offset(int64_t b, int64_t h, int64_t r, int64_t c = 0) const {
+    return b * sb + h * sh + r * sr + c * sc;
+  }
+};
+
+enum class Pass : uint8_t { kForward, kBackward };
+
+struct Problem {
+  Pass pass = Pass::kForward;
+  int64_t B = 0, Hq = 0, Hk = 0, Sq = 0, Sk = 0, D = 0;
+  DType dtype = DType::kFloat32;
+  Device device = Device::kCPU;
+  Mask mask = Mask::kCausal;
+  BackwardMode mode = BackwardMode::kRecompute;  // backward only
+  bool deterministic = false;
+  float scale = 1.0f;  // resolved (default 1/sqrt(D))
+  double scale_f64 = 1.0;  // the same, for the fp64 CPU backend
+
+  // Inputs (forward: q, k; backward: q, k, dp, and p in saved-P mode, lse optionally in recompute mode).
+  Operand q, k, p, dp, lse;
+  // Outputs (forward: p, optional lse; backward: dq, dk).
+  Operand out_p, out_lse, dq, dk;
+
+  int64_t group() const { return Hq / Hk; }  // query heads per key head
+  // Last key column that query row i may see, plus one (causal: i + 1, clipped to Sk).
+  int64_t col_end(int64_t i) const {
+    return mask == Mask::kCausal ? (i + 1 < Sk ? i + 1 : Sk) : Sk;
+  }
+};
+
+}  // namespace qksoftmax

@@ -13,8 +13,8 @@ struct Operand {
   void* ptr = nullptr;
   int64_t sb = 0, sh = 0, sr = 0, sc = 0;
 
-  bool present() const { return ptr != nullptr; }
-  int64_t offset(int64_t b, int64_t h, int64_t r, int64_t c = 0) const {
+  constexpr bool present() const { return ptr != nullptr; }
+  constexpr int64_t offset(int64_t b, int64_t h, int64_t r, int64_t c = 0) const {
     return b * sb + h * sh + r * sr + c * sc;
   }
 };
@@ -37,9 +37,9 @@ struct Problem {
   // Outputs (forward: p, optional lse; backward: dq, dk).
   Operand out_p, out_lse, dq, dk;
 
-  int64_t group() const { return Hq / Hk; }  // query heads per key head
+  constexpr int64_t group() const { return Hq / Hk; }  // query heads per key head
   // Last key column that query row i may see, plus one (causal: i + 1, clipped to Sk).
-  int64_t col_end(int64_t i) const {
+  constexpr int64_t col_end(int64_t i) const {
     return mask == Mask::kCausal ? (i + 1 < Sk ? i + 1 : Sk) : Sk;
   }
 };

@@ -1,0 +1,90 @@
+// Host side of the generic kernels: workspace layout and the launch sequence of one problem.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <string>
+
+#include "cuda/cuda_backend.h"
+#include "cuda/generic_kernels.cuh"
+
+namespace qksoftmax::cuda {
+
+// Per-row fp32 vectors the generic path keeps in the workspace, each laid out (B, Hq, Sq).
+struct GenericWorkspace {
+  bool lse = false;    // LSE computed here (forward without an lse output, recompute without lse)
+  bool delta = false;  // D (backward)
+
+  static GenericWorkspace of(const Problem& prob) {
+    if (prob.pass == Pass::kForward) return {!prob.out_lse.present(), false};
+    return {prob.mode == BackwardMode::kRecompute && !prob.lse.present(), true};
+  }
+  static size_t vector_bytes(const Problem& prob) {
+    const size_t bytes = size_t(prob.B * prob.Hq * prob.Sq) * sizeof(float);
+    return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
+  }
+  size_t bytes(const Problem& prob) const { return (int(lse) + int(delta)) * vector_bytes(prob); }
+};
+
+inline generic::RowVec contiguous_rows(float* ptr, const Problem& prob) {
+  return {ptr, prob.Hq * prob.Sq, prob.Sq, 1};
+}
+inline generic::RowVec rows_of(const Operand& op) {
+  return {static_cast<float*>(op.ptr), op.sb, op.sh, op.sr};
+}
+
+inline Status launch_status(const char* kernel) {
+  const cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess) return {};
+  return {Code::kCudaError, std::string("launch of ") + kernel + " failed: " + cudaGetErrorString(err)};
+}
+
+template <class Cfg, class Kernel>
+Status launch(Kernel kernel, const char* name, int64_t tiles, const generic::Params& params,
+              CUstream_st* stream) {
+  if (tiles > INT_MAX) {
+    return {Code::kUnsupported, std::string(name) + ": the problem needs more than 2^31 - 1 blocks"};
+  }
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes) !=
+      cudaSuccess) {
+    return launch_status(name);
+  }
+  kernel<<<unsigned(tiles), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
+  return launch_status(name);
+}
+
+template <class Cfg>
+Status run_generic(const Problem& prob, void* workspace, CUstream_st* stream) {
+  const GenericWorkspace ws = GenericWorkspace::of(prob);
+  char* cursor = static_cast<char*>(workspace);
+  auto take = [&](bool wanted) -> float* {
+    if (!wanted) return nullptr;
+    float* p = reinterpret_cast<float*>(cursor);
+    cursor += GenericWorkspace::vector_bytes(prob);
+    return p;
+  };
+  float* lse_ws = take(ws.lse);
+  float* delta_ws = take(ws.delta);
+
+  generic::Params params{prob, {}, {}, false};
+  const int64_t heads = prob.B * prob.Hq;
+  const int64_t row_tiles = (prob.Sq + Cfg::kBlockM - 1) / Cfg::kBlockM * heads;
+  if (prob.pass == Pass::kForward) {
+    params.lse = ws.lse ? contiguous_rows(lse_ws, prob) : rows_of(prob.out_lse);
+    if (Status s = launch<Cfg>(generic::row_stats_kernel<Cfg>, "row_stats", row_tiles, params, stream); !s.ok()) return s;
+    return launch<Cfg>(generic::write_p_kernel<Cfg>, "write_p", row_tiles, params, stream);
+  }
+
+  params.delta = contiguous_rows(delta_ws, prob);
+  if (prob.mode == BackwardMode::kRecompute) {
+    params.lse_given = prob.lse.present();
+    params.lse = params.lse_given ? rows_of(prob.lse) : contiguous_rows(lse_ws, prob);
+  }
+  const int64_t col_tiles = (prob.Sk + Cfg::kBlockN - 1) / Cfg::kBlockN * prob.B * prob.Hk;
+  if (Status s = launch<Cfg>(generic::row_stats_kernel<Cfg>, "row_stats", row_tiles, params, stream); !s.ok()) return s;
+  if (Status s = launch<Cfg>(generic::dq_kernel<Cfg>, "dq", row_tiles, params, stream); !s.ok()) return s;
+  return launch<Cfg>(generic::dk_kernel<Cfg>, "dk", col_tiles, params, stream);
+}
+
+}  // namespace qksoftmax::cuda

@@ -1,0 +1,234 @@
+// The CUDA backend through the public API (Device::kCUDA) against the CPU backend run on fp32 copies of the
+// same (exactly representable) inputs. Every test is skipped where there is no GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <optional>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cuda_util.h"
+#include "test_util.h"
+
+namespace qksoftmax::test {
+namespace {
+
+// The device twins of a case's inputs and outputs; outputs poisoned.
+struct DeviceCase {
+  DeviceTensor q, k, dp;
+  std::optional<DeviceTensor> p, lse;
+  DeviceTensor out_p, out_lse, dq, dk;
+
+  DeviceCase(const Inputs& in, const Outputs& out)
+      : q(in.q), k(in.k), dp(in.dp), out_p(out.p), out_lse(out.lse), dq(out.dq), dk(out.dk) {
+    if (in.p) p.emplace(*in.p);
+    if (in.lse) lse.emplace(*in.lse);
+    for (DeviceTensor* t : {&out_p, &out_lse, &dq, &dk}) t->poison();
+  }
+};
+
+// Forward into out.p / out.lse and backward into out.dq / out.dk, on the GPU.
+Status gpu_run(const Case& c, const Inputs& in, Outputs& out) {
+  const Stream stream;
+  DeviceCase dev(in, out);
+  const ForwardArgs fwd{dev.q.desc(), dev.k.desc(), dev.out_p.desc(), dev.out_lse.desc()};
+  if (Status s = gpu_forward(fwd, c.options(), stream.get()); !s.ok()) return s;
+  const BackwardArgs bwd = make_backward_args(dev.q, dev.k, dev.dp, dev.p, dev.lse, dev.dq.desc(), dev.dk.desc());
+  if (Status s = gpu_backward(bwd, c.options(), stream.get()); !s.ok()) return s;
+  for (auto [from, to] :
+       {std::pair{&dev.out_p, &out.p}, {&dev.out_lse, &out.lse}, {&dev.dq, &out.dq}, {&dev.dk, &out.dk}}) {
+    if (Status s = from->download(*to); !s.ok()) return s;
+  }
+  return {};
+}
+
+// The reference: the CPU backend on fp32 copies, so that its outputs are rounded to fp32 only.
+Outputs cpu_reference(const Case& c, const Inputs& in) {
+  Outputs ref(c, DType::kFloat32, Layout::kContiguous);
+  const Status s = cpu_run(c, in.converted(DType::kFloat32), ref);
+  EXPECT_TRUE(s.ok()) << "CPU reference: " << s.message();
+  return ref;
+}
+
+void expect_matches(const Case& c, const Outputs& gpu, const Outputs& ref) {
+  const double tolerance = contract_tolerance(c.dtype);
+  expect_close("p", gpu.p, ref.p.values(), tolerance);
+  expect_close("lse", gpu.lse, ref.lse.values(), tolerance);
+  expect_masked_zero(gpu.p, c.mask);
+  expect_gradient_close(c, "dq", gpu.dq, ref.dq.values(), tolerance);
+  expect_gradient_close(c, "dk", gpu.dk, ref.dk.values(), tolerance);
+}
+
+class GpuVsCpu : public GpuTest, public ::testing::WithParamInterface<Case> {};
+
+TEST_P(GpuVsCpu, ForwardAndBackward) {
+  const Case& c = GetParam();
+  const Inputs in = make_inputs(c, test_seed());
+  Outputs gpu(c, c.dtype, c.layout);
+  const Status s = gpu_run(c, in, gpu);
+  ASSERT_TRUE(s.ok()) << s.message();
+  expect_matches(c, gpu, cpu_reference(c, in));
+}
+
+std::vector<Case> sweep() {
+  std::vector<Case> cases;
+  int index = 0;  // rotates dtype or mode through the cases that do not sweep them
+  for (int64_t s : {1, 7, 63, 64, 65, 127, 128, 129, 1000}) {
+    for (int64_t d : {64, 128}) {
+      for (DType dtype : kAllDTypes) {
+        for (Mask mask : kAllMasks) {
+          for (Variant variant : kAllVariants) {
+            cases.push_back({.B = 2, .Hq = 2, .Hk = 2, .Sq = s, .Sk = s, .D = d, .dtype = dtype, .mask = mask,
+                             .variant = variant});
+          }
+        }
+      }
+    }
+  }
+  constexpr std::pair<int64_t, int64_t> kRectangles[] = {{65, 129}, {129, 65}, {1000, 7},
+                                                          {7, 1000},  {1, 128},   {128, 1}};
+  for (const auto& [sq, sk] : kRectangles) {
+    for (Mask mask : kAllMasks) {
+      cases.push_back({.B = 1, .Hq = 2, .Hk = 1, .Sq = sq, .Sk = sk, .D = 64, .dtype = kAllDTypes[index % 3],
+                       .mask = mask, .variant = kAllVariants[index % 3]});
+      ++index;
+    }
+  }
+  for (int64_t hk : {2, 1}) {
+    for (DType dtype : kAllDTypes) {
+      for (Variant variant : kAllVariants) {
+        cases.push_back({.B = 2, .Hq = 4, .Hk = hk, .Sq = 129, .Sk = 129, .D = index % 2 ? 64 : 128,
+                         .dtype = dtype, .variant = variant});
+        ++index;
+      }
+    }
+  }
+  for (Layout layout : {Layout::kPaddedRows, Layout::kOddPaddedRows, Layout::kHeadsTransposed}) {
+    for (Variant variant : kAllVariants) {
+      cases.push_back({.B = 2, .Hq = 4, .Hk = 2, .Sq = 200, .Sk = 200, .D = 64, .dtype = kAllDTypes[index % 3],
+                       .mask = kAllMasks[index % 2], .variant = variant, .layout = layout});
+      ++index;
+    }
+  }
+  for (double scale : {0.3, 2.0}) {
+    cases.push_back({.B = 1, .Hq = 2, .Hk = 1, .Sq = 128, .Sk = 128, .D = 128, .scale = scale});
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, GpuVsCpu, ::testing::ValuesIn(sweep()), param_name);
+
+// With options.deterministic, two runs are bitwise identical (dK sums over the query heads of a group).
+class GpuDeterminism : public GpuTest, public ::testing::WithParamInterface<Variant> {};
+
+TEST_P(GpuDeterminism, TwoRunsBitwiseEqual) {
+  const Case c{.B = 2, .Hq = 8, .Hk = 1, .Sq = 1000, .Sk = 1000, .D = 128, .variant = GetParam(),
+               .deterministic = true};
+  const Inputs in = make_inputs(c, test_seed());
+  Outputs a(c, c.dtype, c.layout), b(c, c.dtype, c.layout);
+  const Status first = gpu_run(c, in, a);
+  ASSERT_TRUE(first.ok()) << first.message();
+  const Status second = gpu_run(c, in, b);
+  ASSERT_TRUE(second.ok()) << second.message();
+  expect_bitwise_equal(a, b);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, GpuDeterminism, ::testing::ValuesIn(kAllVariants),
+                         [](const auto& info) { return std::string(variant_name(info.param)); });
+
+// The forward without the optional lse output.
+TEST_F(GpuTest, ForwardWithoutLse) {
+  const Case c{.B = 2, .Hq = 4, .Hk = 2, .Sq = 129, .Sk = 129, .D = 128};
+  const Inputs in = make_inputs(c, test_seed());
+  Outputs gpu(c, c.dtype, c.layout);
+  const Stream stream;
+  const DeviceTensor q(in.q), k(in.k);
+  DeviceTensor p(gpu.p);
+  p.poison();
+  const Status s = gpu_forward({q.desc(), k.desc(), p.desc(), {}}, c.options(), stream.get());
+  ASSERT_TRUE(s.ok()) << s.message();
+  ASSERT_TRUE(p.download(gpu.p).ok());
+  expect_close("p", gpu.p, cpu_reference(c, in).p.values(), contract_tolerance(c.dtype));
+}
+
+// A contiguous device tensor's descriptor, for buffers too large to mirror on the host.
+TensorDesc contiguous_device_desc(void* data, DType dtype, const std::vector<int64_t>& shape) {
+  TensorDesc t{.data = data, .dtype = dtype, .device = Device::kCUDA, .rank = int(shape.size())};
+  const std::vector<int64_t> strides = strides_for(shape, Layout::kContiguous);
+  std::copy(shape.begin(), shape.end(), t.shape);
+  std::copy(strides.begin(), strides.end(), t.stride);
+  return t;
+}
+
+// Element offsets past 2^31 (byte offsets past 2^32): P and dP of 520 heads of 2048 × 2048. The first and
+// last heads are checked against the CPU backend run on those heads alone.
+TEST_F(GpuTest, IndexingPast2To31Elements) {
+  constexpr int64_t kHeads = 520, kLen = 2048, kHeadDim = 64;
+  const Case c{.Hq = kHeads, .Hk = kHeads, .Sq = kLen, .Sk = kLen, .D = kHeadDim};
+  const Case head{.Sq = kLen, .Sk = kLen, .D = kHeadDim};
+  ASSERT_GT(kHeads * kLen * kLen, int64_t(1) << 31);
+  std::mt19937_64 rng(test_seed());
+  HostTensor q(c.dtype, c.q_shape()), k(c.dtype, c.k_shape());
+  fill_normal(q, rng);
+  fill_normal(k, rng);
+  // Every head gets the same dP: the host holds one head of it, the device all of them.
+  HostTensor dp_head(c.dtype, head.probs_shape());
+  fill_normal(dp_head, rng);
+  plant_nan_in_masked(dp_head, c.mask);
+  const size_t head_bytes = dp_head.storage().size();
+  const auto head_at = [&](const DeviceBuffer& buffer, int64_t h) {
+    return static_cast<std::byte*>(buffer.get()) + h * head_bytes;
+  };
+
+  const Stream stream;
+  const DeviceTensor dev_q(q), dev_k(k);
+  DeviceBuffer dp(head_bytes * kHeads), p(head_bytes * kHeads);
+  for (int64_t h = 0; h < kHeads; ++h) {
+    ASSERT_EQ(cudaMemcpy(head_at(dp, h), dp_head.storage().data(), head_bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ASSERT_EQ(cudaMemset(p.get(), kPoisonValue, p.bytes()), cudaSuccess);
+  HostTensor lse(DType::kFloat32, c.lse_shape()), dq(c.dtype, c.q_shape()), dk(c.dtype, c.k_shape());
+  DeviceTensor dev_lse(lse), dev_dq(dq), dev_dk(dk);
+  for (DeviceTensor* t : {&dev_lse, &dev_dq, &dev_dk}) t->poison();
+
+  const ForwardArgs fwd{dev_q.desc(), dev_k.desc(), contiguous_device_desc(p.get(), c.dtype, c.probs_shape()),
+                        dev_lse.desc()};
+  Status s = gpu_forward(fwd, c.options(), stream.get());
+  ASSERT_TRUE(s.ok()) << s.message();
+  const TensorDesc dp_desc = contiguous_device_desc(dp.get(), c.dtype, c.probs_shape());
+  s = gpu_backward({.q = dev_q.desc(), .k = dev_k.desc(), .dp = dp_desc, .p = {}, .lse = {}, .dq = dev_dq.desc(),
+                    .dk = dev_dk.desc()},
+                   c.options(), stream.get());
+  ASSERT_TRUE(s.ok()) << s.message();
+  for (auto [from, to] : {std::pair{&dev_lse, &lse}, {&dev_dq, &dq}, {&dev_dk, &dk}}) {
+    ASSERT_TRUE(from->download(*to).ok());
+  }
+
+  for (int64_t h : {int64_t(0), kHeads - 1}) {
+    SCOPED_TRACE("head " + std::to_string(h));
+    // Head h of a contiguous (1, kHeads, rows, cols) tensor, as a (1, 1, rows, cols) one.
+    const auto slice = [&](const HostTensor& t, int64_t cols, DType dtype) {
+      HostTensor out(dtype, {1, 1, t.shape()[2], cols});
+      for (int64_t i = 0; i < out.numel(); ++i) out.set(i, t.get(h * out.numel() + i));
+      return out;
+    };
+    const Inputs in{slice(q, kHeadDim, DType::kFloat32), slice(k, kHeadDim, DType::kFloat32),
+                    dp_head.converted(DType::kFloat32), std::nullopt, std::nullopt};
+    Outputs ref(head, DType::kFloat32, Layout::kContiguous);
+    ASSERT_TRUE(cpu_run(head, in, ref).ok());
+
+    HostTensor p_head(c.dtype, head.probs_shape());
+    ASSERT_EQ(cudaMemcpy(p_head.storage().data(), head_at(p, h), head_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    const double tolerance = contract_tolerance(c.dtype);
+    expect_close("p", p_head, ref.p.values(), tolerance);
+    expect_close("lse", slice(lse, 1, DType::kFloat32), ref.lse.values(), tolerance);
+    expect_close("dq", slice(dq, kHeadDim, c.dtype), ref.dq.values(), tolerance);
+    expect_close("dk", slice(dk, kHeadDim, c.dtype), ref.dk.values(), tolerance);
+  }
+}
+
+}  // namespace
+}  // namespace qksoftmax::test

@@ -1,0 +1,72 @@
+#include "timing.h"
+
+#include <algorithm>
+
+#include "cuda_check.h"
+
+namespace qkbench {
+namespace {
+
+constexpr double kMicrosecondsPerMillisecond = 1e3;
+
+class Events {
+ public:
+  ~Events() {
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  }
+  Result create(int n) {
+    events_.reserve(size_t(n));
+    for (int i = 0; i < n; ++i) {
+      cudaEvent_t e = nullptr;
+      QKB_CUDA(cudaEventCreate(&e));
+      events_.push_back(e);
+    }
+    return {};
+  }
+  cudaEvent_t operator[](int i) const { return events_[size_t(i)]; }
+
+ private:
+  std::vector<cudaEvent_t> events_;
+};
+
+}  // namespace
+
+Result time_calls(cudaStream_t stream, const TimingPlan& plan, const EnqueueCall& call, std::vector<double>* us) {
+  Events events;
+  QKB_TRY(events.create(plan.runs + 1));
+  const int copies = std::max(1, plan.copies);
+  int set = 0;
+  for (int i = 0; i < plan.warmup; ++i, set = (set + 1) % copies) QKB_TRY(call(set));
+  QKB_CUDA(cudaEventRecord(events[0], stream));
+  for (int i = 0; i < plan.runs; ++i, set = (set + 1) % copies) {
+    QKB_TRY(call(set));
+    QKB_CUDA(cudaEventRecord(events[i + 1], stream));
+  }
+  QKB_CUDA(cudaEventSynchronize(events[plan.runs]));
+  us->clear();
+  for (int i = 0; i < plan.runs; ++i) {
+    float ms = 0;
+    QKB_CUDA(cudaEventElapsedTime(&ms, events[i], events[i + 1]));
+    us->push_back(double(ms) * kMicrosecondsPerMillisecond);
+  }
+  return {};
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  const size_t mid = values.size() / 2;
+  std::nth_element(values.begin(), values.begin() + mid, values.end());
+  if (values.size() % 2) return values[mid];
+  const double upper = values[mid];
+  const double lower = *std::max_element(values.begin(), values.begin() + mid);
+  return (lower + upper) / 2;
+}
+
+Result median_call_us(cudaStream_t stream, const TimingPlan& plan, const EnqueueCall& call, double* us) {
+  std::vector<double> times;
+  QKB_TRY(time_calls(stream, plan, call, &times));
+  *us = median(std::move(times));
+  return {};
+}
+
+}  // namespace qkbench

@@ -30,6 +30,7 @@ Result launch_for_dtype(DType dtype, const char* kernel, Launch&& launch) {
     case DType::kBFloat16: launch(__nv_bfloat16{}); break;
     case DType::kFloat16: launch(__half{}); break;
     case DType::kFloat32: launch(float{}); break;
+    case DType::kFloat64: return Result(std::string(kernel) + ": float64 is not benchmarked on the GPU");
   }
   return launch_result(kernel);
 }

@@ -66,6 +66,7 @@ const char* dtype_short_name(DType dtype) {
     case DType::kBFloat16: return "bf16";
     case DType::kFloat16: return "fp16";
     case DType::kFloat32: return "fp32";
+    case DType::kFloat64: return "fp64";
   }
   return "?";
 }
@@ -109,6 +110,7 @@ double gemm_flops_per_s(DType dtype, const Ceilings& ceilings) {
     case DType::kBFloat16: return ceilings.bf16_TFLOPs * kTera;
     case DType::kFloat16: return ceilings.fp16_TFLOPs * kTera;
     case DType::kFloat32: return ceilings.tf32_TFLOPs * kTera;
+    case DType::kFloat64: break;  // the CPU backend's dtype only: never benchmarked on the GPU
   }
   return 0;
 }
@@ -124,6 +126,7 @@ double error_threshold(DType dtype) {
     case DType::kBFloat16: return kThresholdBFloat16;
     case DType::kFloat16: return kThresholdFloat16;
     case DType::kFloat32: return kThresholdFloat32;
+    case DType::kFloat64: break;  // never benchmarked
   }
   return 0;
 }

@@ -1,5 +1,5 @@
-// Host-side element conversions for the three storage dtypes (round to nearest even), shared by the CPU
-// backend, the tests and the bench.
+// Host-side element conversions for the storage dtypes (round to nearest even), shared by the CPU backend,
+// the tests and the bench.
 #pragma once
 
 #include <bit>
@@ -7,17 +7,16 @@
 #include <cstdint>
 #include <cstring>
 
-#include "qksoftmax/qksoftmax.h"
+#include "problem.h"
 
 namespace qksoftmax {
-
-inline constexpr size_t dtype_size(DType t) { return t == DType::kFloat32 ? 4 : 2; }
 
 inline const char* dtype_name(DType t) {
   switch (t) {
     case DType::kBFloat16: return "bfloat16";
     case DType::kFloat16: return "float16";
     case DType::kFloat32: return "float32";
+    case DType::kFloat64: return "float64";
   }
   return "?";
 }
@@ -61,6 +60,7 @@ inline float load_as_float(const void* base, int64_t i, DType t) {
     case DType::kBFloat16: return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
     case DType::kFloat16: return fp16_to_float(static_cast<const uint16_t*>(base)[i]);
     case DType::kFloat32: return static_cast<const float*>(base)[i];
+    case DType::kFloat64: return float(static_cast<const double*>(base)[i]);
   }
   return NAN;
 }
@@ -71,7 +71,22 @@ inline void store_from_float(void* base, int64_t i, DType t, float v) {
     case DType::kBFloat16: static_cast<uint16_t*>(base)[i] = float_to_bf16(v); return;
     case DType::kFloat16: static_cast<uint16_t*>(base)[i] = float_to_fp16(v); return;
     case DType::kFloat32: static_cast<float*>(base)[i] = v; return;
+    case DType::kFloat64: static_cast<double*>(base)[i] = v; return;
   }
+}
+
+// Reads element i as double: exact for every dtype.
+inline double load_as_double(const void* base, int64_t i, DType t) {
+  return t == DType::kFloat64 ? static_cast<const double*>(base)[i] : double(load_as_float(base, i, t));
+}
+
+// Writes v to element i: fp64 as is; the other dtypes rounded to float32 first, then to dtype t.
+inline void store_from_double(void* base, int64_t i, DType t, double v) {
+  if (t == DType::kFloat64) {
+    static_cast<double*>(base)[i] = v;
+    return;
+  }
+  store_from_float(base, i, t, float(v));
 }
 
 }  // namespace qksoftmax

@@ -1,6 +1,7 @@
 // The validated, normalised form of a call: what both backends receive. Built by validate.cpp only.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "qksoftmax/qksoftmax.h"
@@ -18,6 +19,16 @@ struct Operand {
     return b * sb + h * sh + r * sr + c * sc;
   }
 };
+
+constexpr size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::kBFloat16:
+    case DType::kFloat16: return 2;
+    case DType::kFloat32: return 4;
+    case DType::kFloat64: return 8;
+  }
+  return 0;
+}
 
 enum class Pass : uint8_t { kForward, kBackward };
 

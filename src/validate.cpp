@@ -68,7 +68,7 @@ std::string shape_str(const TensorDesc& t) { return tuple_str(t.shape, t.rank); 
 std::string strides_str(const TensorDesc& t) { return tuple_str(t.stride, t.rank); }
 
 bool valid_dtype(DType t) {
-  return t == DType::kBFloat16 || t == DType::kFloat16 || t == DType::kFloat32;
+  return t == DType::kBFloat16 || t == DType::kFloat16 || t == DType::kFloat32 || t == DType::kFloat64;
 }
 bool valid_device(Device d) { return d == Device::kCPU || d == Device::kCUDA; }
 const char* device_name(Device d) { return d == Device::kCUDA ? "cuda" : "cpu"; }
@@ -82,7 +82,7 @@ Status check_alone(const Arg& arg) {
                                  std::to_string(t.rank));
   }
   if (!valid_dtype(t.dtype)) {
-    return invalid(arg.name, "expected dtype bfloat16, float16 or float32, got DType value " +
+    return invalid(arg.name, "expected dtype bfloat16, float16, float32 or float64, got DType value " +
                                  std::to_string(int(t.dtype)));
   }
   if (!valid_device(t.device)) {
@@ -257,7 +257,12 @@ Status check_args(const std::vector<Arg>& args) {
     if (Status s = check_shape(arg, q, k); !s.ok()) return s;
     if (Status s = check_dtype_and_device(arg, q); !s.ok()) return s;
   }
-  return check_memory(args);
+  if (Status s = check_memory(args); !s.ok()) return s;
+  // Valid, but only the CPU backend implements fp64; every other tensor has q's dtype and device by now.
+  if (q.dtype == DType::kFloat64 && q.device == Device::kCUDA) {
+    return {Code::kUnsupported, std::string(args[0].name) + ": float64 runs on the CPU backend only"};
+  }
+  return {};
 }
 
 // A tensor the call needs, and what it is.

@@ -15,7 +15,8 @@ struct CUstream_st;  // cudaStream_t is CUstream_st*; no CUDA header is needed t
 
 namespace qksoftmax {
 
-enum class DType : uint8_t { kBFloat16, kFloat16, kFloat32 };
+// kFloat64 runs on the CPU backend only (gradient checks in fp64); on Device::kCUDA it is kUnsupported.
+enum class DType : uint8_t { kBFloat16, kFloat16, kFloat32, kFloat64 };
 enum class Device : uint8_t { kCPU, kCUDA };
 enum class Mask : uint8_t { kNone, kCausal };  // kCausal masks j > i (top-left aligned, like torch.tril)
 enum class BackwardMode : uint8_t { kRecompute, kSavedP };

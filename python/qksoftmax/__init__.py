@@ -2,10 +2,12 @@
 
     p, lse = qksoftmax.forward(q, k, *, scale=None, causal=True)
     dq, dk = qksoftmax.backward(q, k, dp, *, p=None, lse=None, scale=None, causal=True)
-    p      = qksoftmax.attention_probs(q, k, *, scale=None, causal=True)   # torch autograd
+    p      = qksoftmax.attention_probs(q, k, *, scale=None, causal=True, save="lse")   # torch autograd
 
 q: (B, Hq, Sq, D), k: (B, Hk, Sk, D), p and dp: (B, Hq, Sq, Sk), lse: (B, Hq, Sq) float32. CUDA tensors run
-on the GPU (on torch's current stream), CPU tensors and numpy arrays on the fp64 CPU backend.
+on the GPU (on torch's current stream), CPU tensors and numpy arrays on the fp64 CPU backend. Where torch is
+installed, importing qksoftmax imports it and registers the custom ops torch.ops.qksoftmax.forward,
+backward_recompute and backward_saved_p (docs/PYTORCH.md).
 """
 
 try:

@@ -1,108 +1,41 @@
-"""qksoftmax.forward / backward / attention_probs: checks, allocation, and the calls into qksoftmax._C."""
+"""qksoftmax.forward / backward / attention_probs: numpy arrays straight into qksoftmax._C, torch tensors
+through the custom ops (torch.ops.qksoftmax, in _ops)."""
 
 from __future__ import annotations
 
-import math
-import numbers
 from typing import Any
 
-import numpy as np
+from ._core import (
+    ATTENTION_PROBS,
+    BACKWARD,
+    DEFAULT_SAVE,
+    FORWARD,
+    check_backward,
+    check_forward,
+    run_backward,
+    run_forward,
+)
+from ._frames import numpy_frame, type_name
 
-from . import _C
-from ._frames import Frame, frame_for, is_torch_tensor, type_name
-
-Q_DIMS = "(B, Hq, Sq, D)"
-K_DIMS = "(B, Hk, Sk, D)"
-P_DIMS = "(B, Hq, Sq, Sk)"
-LSE_DIMS = "(B, Hq, Sq)"
-FLOAT32_MAX = float(np.finfo(np.float32).max)  # the kernels take scale as float32
-
-
-def _check_dims(frame: Frame, name: str, x: Any, dims: str) -> None:
-    """x must have as many dimensions as `dims` names, each of size at least 1."""
-    rank = dims.count(",") + 1
-    if x.ndim != rank or min(x.shape) < 1:
-        raise frame.error(ValueError, f"{name} must have shape {dims} with sizes >= 1, got {tuple(x.shape)}")
-
-
-def _check_operand(
-    frame: Frame, name: str, x: Any, dtype: Any, dims: str, shape: tuple[int, ...], like: str = ""
-) -> None:
-    """x must be of q's framework and device, with this dtype and shape (`dims` names its dimensions)."""
-    frame.check(name, x, dtype, like)
-    if tuple(x.shape) != shape:
-        raise frame.error(ValueError, f"{name} must have shape {dims} = {shape}, got {tuple(x.shape)}")
+try:
+    import torch
+except ImportError:
+    torch = None
+else:
+    from . import _ops  # registers the custom ops
 
 
-def _check_q_k(frame: Frame, q: Any, k: Any) -> tuple[int, int, int, int]:
-    """Checks q and k; returns (B, Hq, Sq, Sk)."""
-    _check_dims(frame, "q", q, Q_DIMS)
-    frame.check("k", k, q.dtype, like="q")
-    _check_dims(frame, "k", k, K_DIMS)
-    batch, q_heads, q_len, head_dim = q.shape
-    k_batch, k_heads, k_len, k_head_dim = k.shape
-    if k_batch != batch or k_head_dim != head_dim or q_heads % k_heads != 0:
-        raise frame.error(
-            ValueError,
-            f"k must have shape {K_DIMS} with B = {batch}, D = {head_dim} and Hk dividing Hq = {q_heads}, "
-            f"got {tuple(k.shape)}",
-        )
-    return batch, q_heads, q_len, k_len
-
-
-def _check_options(frame: Frame, scale: object, causal: object) -> tuple[float | None, bool]:
-    """Checks scale and causal; returns them as the C++ API takes them."""
-    if not isinstance(causal, (bool, np.bool_)):
-        raise frame.error(TypeError, f"causal must be a bool, got {type_name(causal)}")
-    if scale is None:
-        return None, bool(causal)
-    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real):
-        raise frame.error(TypeError, f"scale must be a real number or None, got {type_name(scale)}")
-    if not math.isfinite(scale) or abs(scale) > FLOAT32_MAX:
-        raise frame.error(ValueError, f"scale must be finite and within float32 range, got {scale}")
-    return float(scale), bool(causal)
-
-
-def _forward(where: str, q: Any, k: Any, scale: object, causal: object) -> tuple[Any, Any]:
-    frame = frame_for(where, q)
-    batch, q_heads, q_len, k_len = _check_q_k(frame, q, k)
-    scale, causal = _check_options(frame, scale, causal)
-    q, k = frame.prepare(q), frame.prepare(k)
-    p = frame.empty((batch, q_heads, q_len, k_len), q.dtype)
-    lse = frame.empty((batch, q_heads, q_len), frame.float32)
-    with frame.launch() as stream:
-        workspace = frame.workspace(_C.forward_workspace_size(q, k, p, lse, scale, causal))
-        _C.forward(q, k, p, lse, workspace, scale, causal, stream)
-    return p, lse
-
-
-def _backward(
-    where: str, q: Any, k: Any, dp: Any, p: Any, lse: Any, scale: object, causal: object
-) -> tuple[Any, Any]:
-    frame = frame_for(where, q)
-    batch, q_heads, q_len, k_len = _check_q_k(frame, q, k)
-    probs_shape = (batch, q_heads, q_len, k_len)
-    _check_operand(frame, "dp", dp, q.dtype, P_DIMS, probs_shape, like="q")
-    if p is not None:
-        _check_operand(frame, "p", p, q.dtype, P_DIMS, probs_shape, like="q")
-    if lse is not None:
-        _check_operand(frame, "lse", lse, frame.float32, LSE_DIMS, probs_shape[:-1])
-    scale, causal = _check_options(frame, scale, causal)
-    q, k, dp, p, lse = (None if x is None else frame.prepare(x) for x in (q, k, dp, p, lse))
-    dq = frame.empty(tuple(q.shape), q.dtype)
-    dk = frame.empty(tuple(k.shape), k.dtype)
-    with frame.launch() as stream:
-        workspace = frame.workspace(_C.backward_workspace_size(q, k, dp, p, lse, dq, dk, scale, causal))
-        _C.backward(q, k, dp, p, lse, dq, dk, workspace, scale, causal, stream)
-    return dq, dk
+def _is_torch_tensor(x: object) -> bool:
+    """Plain enough for torch.compile to trace without a graph break."""
+    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def forward(q: Any, k: Any, *, scale: float | None = None, causal: bool = True) -> tuple[Any, Any]:
     """P = softmax(mask(scale · Q Kᵀ)) and its log-sum-exp.
 
     Args:
-        q: (B, Hq, Sq, D) torch.Tensor (CUDA or CPU) or numpy.ndarray; bfloat16 (torch only), float16
-            or float32. Any strides.
+        q: (B, Hq, Sq, D) torch.Tensor (CUDA or CPU) or numpy.ndarray; bfloat16 (torch only), float16,
+            float32, or float64 (CPU only). Any strides.
         k: (B, Hk, Sk, D), Hk dividing Hq (query head h uses key head h // (Hq // Hk)); like q in framework,
             device and dtype.
         scale: multiplies Q Kᵀ; None means 1 / sqrt(D).
@@ -111,8 +44,14 @@ def forward(q: Any, k: Any, *, scale: float | None = None, causal: bool = True) 
     Returns:
         p: (B, Hq, Sq, Sk) in q's dtype, masked positions 0 (a row with every position masked is all 0).
         lse: (B, Hq, Sq) float32 log-sum-exp of each row, -inf for a fully masked row.
+
+    On torch tensors this is torch.ops.qksoftmax.forward, outside autograd (see attention_probs).
     """
-    return _forward("qksoftmax.forward", q, k, scale, causal)
+    if _is_torch_tensor(q):
+        return _ops.forward(q, k, scale, causal)
+    frame = numpy_frame(FORWARD, q)
+    scale, causal = check_forward(frame, q, k, scale, causal)
+    return run_forward(frame, q, k, scale, causal)
 
 
 def backward(
@@ -128,7 +67,7 @@ def backward(
     """dQ and dK from dP = ∂L/∂P, P = softmax(mask(scale · Q Kᵀ)).
 
     Saved-P mode when p is given (P as forward returned it); recompute mode otherwise, faster with the
-    forward's lse. Masked positions of dp and p are never read.
+    forward's lse. Masked positions of dp and p are never read, and dp is never written.
 
     Args:
         q: (B, Hq, Sq, D), k: (B, Hk, Sk, D) as for forward.
@@ -140,18 +79,35 @@ def backward(
     Returns:
         dq: (B, Hq, Sq, D) and dk: (B, Hk, Sk, D) (summed over the query heads of each key head), in q's
         dtype, framework and device.
+
+    On torch tensors this is torch.ops.qksoftmax.backward_saved_p or backward_recompute.
     """
-    return _backward("qksoftmax.backward", q, k, dp, p, lse, scale, causal)
+    if _is_torch_tensor(q):
+        return _ops.backward(q, k, dp, p, lse, scale, causal)
+    frame = numpy_frame(BACKWARD, q)
+    scale, causal = check_backward(frame, q, k, dp, p, lse, scale, causal)
+    return run_backward(frame, q, k, dp, p, lse, scale, causal)
 
 
-def attention_probs(q: Any, k: Any, *, scale: float | None = None, causal: bool = True) -> Any:
-    """P = softmax(mask(scale · Q Kᵀ)) for torch autograd: fused forward, fused recompute backward.
+def attention_probs(
+    q: Any, k: Any, *, scale: float | None = None, causal: bool = True, save: str = DEFAULT_SAVE
+) -> Any:
+    """P = softmax(mask(scale · Q Kᵀ)) for torch autograd: fused forward, fused backward.
 
-    q: (B, Hq, Sq, D) and k: (B, Hk, Sk, D) torch tensors (see forward); returns p: (B, Hq, Sq, Sk).
-    The backward pass gives dq and dk from the forward's saved q, k and log-sum-exp (P is not saved).
+    q: (B, Hq, Sq, D) and k: (B, Hk, Sk, D) torch tensors, Hk dividing Hq (GQA: dk sums over the query heads
+    of each key head); scale and causal as for forward. Returns p: (B, Hq, Sq, Sk) in q's dtype. Works in
+    eager mode, under torch.compile (fullgraph, dynamic shapes) and in CUDA graphs.
+
+    save picks what the forward keeps for the backward, beside q and k:
+        "lse" (default): the (B, Hq, Sq) float32 log-sum-exp only. The backward recomputes P = exp(S − LSE)
+            on chip (recompute mode: one more Q Kᵀ product). P's memory is freed as soon as nothing else
+            holds it, and p may be modified in place.
+        "p": P itself. The backward reads it (saved-P mode: no Q Kᵀ recompute, but P is read from memory).
+            Costs P's memory, (B, Hq, Sq, Sk) elements, until the backward, unless something else holds P
+            anyway (as `p @ v` does when v requires grad); p must not be modified in place.
+    At the contract's sizes the recompute mode's speed-of-light time is the lower one (it reads half the
+    bytes for one more product), and "lse" never holds more memory than "p": hence the default.
     """
-    if not is_torch_tensor(q):
-        raise TypeError(f"qksoftmax.attention_probs: q must be a torch.Tensor, got {type_name(q)}")
-    from ._autograd import AttentionProbs
-
-    return AttentionProbs.apply(q, k, scale, causal)
+    if not _is_torch_tensor(q):
+        raise TypeError(f"{ATTENTION_PROBS}: q must be a torch.Tensor, got {type_name(q)}")
+    return _ops.attention_probs(q, k, scale, causal, save)

@@ -1,14 +1,12 @@
 """What qksoftmax needs from an array framework (numpy or torch), behind one interface.
 
 A call's Frame is taken from its first tensor, q: every other tensor must be of the same framework, on the
-same device, and outputs and the workspace are allocated there. torch is never imported here: an object
-can only be a torch.Tensor once the caller has imported torch.
+same device, and outputs and the workspace are allocated there. torch is imported only by a TorchFrame.
 """
 
 from __future__ import annotations
 
 import contextlib
-import sys
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Any
@@ -24,11 +22,6 @@ def type_name(x: object) -> str:
     """The qualified name of x's type, as messages show it: list, numpy.ndarray, torch.Tensor."""
     cls = type(x)
     return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
-
-
-def is_torch_tensor(x: object) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(x, torch.Tensor)
 
 
 class Frame(ABC):
@@ -100,7 +93,7 @@ class Frame(ABC):
 
 class NumpyFrame(Frame):
     kind = "numpy.ndarray"
-    dtypes = (np.dtype(np.float16), np.dtype(np.float32))
+    dtypes = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
     float32 = np.dtype(np.float32)
 
     def dtypes_text(self) -> str:
@@ -139,9 +132,13 @@ class TorchFrame(Frame):
         import torch
 
         self.torch = torch
-        self.dtypes = (torch.bfloat16, torch.float16, torch.float32)
+        self.dtypes = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
         self.float32 = torch.float32
         super().__init__(where, q)
+        if q.dtype == torch.float64 and q.device.type == "cuda":
+            raise self.error(
+                NotImplementedError, f"q has dtype torch.float64 on {q.device}: float64 runs on the CPU backend only"
+            )
 
     def check_device_of_q(self) -> None:
         if self.q.device.type not in self.devices:
@@ -179,10 +176,8 @@ class TorchFrame(Frame):
             yield self.torch.cuda.current_stream(device).cuda_stream
 
 
-def frame_for(where: str, q: object) -> Frame:
-    """The Frame of a call whose first tensor is q."""
+def numpy_frame(where: str, q: object) -> NumpyFrame:
+    """The Frame of a call whose first tensor is q, not a torch.Tensor (those go through _ops)."""
     if isinstance(q, np.ndarray):
         return NumpyFrame(where, q)
-    if is_torch_tensor(q):
-        return TorchFrame(where, q)
     raise TypeError(f"{where}: q must be a torch.Tensor or numpy.ndarray, got {type_name(q)}")

@@ -44,8 +44,9 @@ qksoftmax::DType to_dtype(nb::dlpack::dtype dtype, const char* name) {
     if (code == nb::dlpack::dtype_code::Bfloat && dtype.bits == 16) return qksoftmax::DType::kBFloat16;
     if (code == nb::dlpack::dtype_code::Float && dtype.bits == 16) return qksoftmax::DType::kFloat16;
     if (code == nb::dlpack::dtype_code::Float && dtype.bits == 32) return qksoftmax::DType::kFloat32;
+    if (code == nb::dlpack::dtype_code::Float && dtype.bits == 64) return qksoftmax::DType::kFloat64;
   }
-  raise(PyExc_TypeError, std::string(name) + " must have dtype bfloat16, float16 or float32");
+  raise(PyExc_TypeError, std::string(name) + " must have dtype bfloat16, float16, float32 or float64");
 }
 
 qksoftmax::Device to_device(int device_type, const char* name) {

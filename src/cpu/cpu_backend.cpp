@@ -140,10 +140,10 @@ class Runner {
   int64_t stat_index(int64_t b, int64_t h, int64_t i) const { return (b * pb_.Hq + h) * pb_.Sq + i; }
 
   double read(const Operand& op, int64_t b, int64_t h, int64_t r, int64_t c) const {
-    return load_as_float(op.ptr, op.offset(b, h, r, c), pb_.dtype);
+    return load_as_double(op.ptr, op.offset(b, h, r, c), pb_.dtype);
   }
   void write(const Operand& op, int64_t b, int64_t h, int64_t r, int64_t c, double v) const {
-    store_from_float(op.ptr, op.offset(b, h, r, c), pb_.dtype, float(v));
+    store_from_double(op.ptr, op.offset(b, h, r, c), pb_.dtype, v);
   }
   double read_lse(int64_t b, int64_t h, int64_t i) const {
     return load_as_float(pb_.lse.ptr, pb_.lse.offset(b, h, i), DType::kFloat32);

@@ -15,12 +15,15 @@ namespace {
 
 // Below this the CPU backend is "fp32-accurate" in the strict sense the brief asks of it.
 constexpr double kCpuFp32Bound = 1e-6;
+// fp64 results are never rounded to a narrower dtype: what remains is the sums' own rounding.
+constexpr double kCpuFp64Bound = 1e-12;
 
 reference::Dims dims_of(const Case& c) {
   return {c.B, c.Hq, c.Hk, c.Sq, c.Sk, c.D, c.mask == Mask::kCausal, c.options().scale.value_or(1 / std::sqrt(c.D))};
 }
 
 double cpu_bound(DType dtype) {
+  if (dtype == DType::kFloat64) return kCpuFp64Bound;
   const double bound = std::min(rounding_tolerance(dtype), contract_tolerance(dtype));
   return dtype == DType::kFloat32 ? std::min(bound, kCpuFp32Bound) : bound;
 }
@@ -93,6 +96,13 @@ std::vector<Case> sweep() {
       Case c = with_options({.B = 2, .Hq = 4, .Hk = 2, .Sq = 65, .Sk = 70, .D = 64, .layout = layout}, index++);
       c.variant = variant;
       cases.push_back(c);
+    }
+  }
+  // fp64 (CPU backend only): every mask and mode, with GQA and padded rows.
+  for (Mask mask : kAllMasks) {
+    for (Variant variant : kAllVariants) {
+      cases.push_back({.B = 2, .Hq = 4, .Hk = 2, .Sq = 33, .Sk = 47, .D = 64, .dtype = DType::kFloat64,
+                       .mask = mask, .variant = variant, .layout = Layout::kPaddedRows});
     }
   }
   // An explicit scale instead of 1/sqrt(D).

@@ -281,6 +281,22 @@ TEST_F(Errors, GpuHostPointers) {
   EXPECT_EQ(call_.snapshot(), before);
 }
 
+// fp64 is valid but runs on the CPU backend only: validation says so before any pointer is looked at, so
+// descriptors that say CUDA over host memory reach that check without a GPU.
+TEST_F(Errors, Float64OnCudaIsUnsupported) {
+  const Case& c = call_.dims;
+  HostTensor q(DType::kFloat64, c.q_shape()), k(DType::kFloat64, c.k_shape());
+  HostTensor p(DType::kFloat64, c.probs_shape()), dq(DType::kFloat64, c.q_shape()), dk(DType::kFloat64, c.k_shape());
+  const auto on_cuda = [](const HostTensor& t) { return t.desc(nullptr, Device::kCUDA); };
+  const ForwardArgs fwd{on_cuda(q), on_cuda(k), on_cuda(p), {}};
+  const BackwardArgs bwd{on_cuda(q), on_cuda(k), on_cuda(p), {}, {}, on_cuda(dq), on_cuda(dk)};
+  size_t bytes = 0;
+  expect_status(forward_workspace_size(fwd, call_.options, &bytes), Code::kUnsupported, "q");
+  expect_status(backward_workspace_size(bwd, call_.options, &bytes), Code::kUnsupported, "q");
+  EXPECT_EQ(forward(fwd, call_.options, nullptr, 0, nullptr).message(), "q: float64 runs on the CPU backend only");
+  expect_status(backward(bwd, call_.options, nullptr, 0, nullptr), Code::kUnsupported, "q");
+}
+
 TEST(Api, VersionIsMajorMinorPatch) {
   int major = -1, minor = -1, patch = -1;
   ASSERT_EQ(std::sscanf(version(), "%d.%d.%d", &major, &minor, &patch), 3) << version();

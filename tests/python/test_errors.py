@@ -22,8 +22,8 @@ def a() -> SimpleNamespace:
 BAD_CALLS = {
     "q not an array": (lambda a: qksoftmax.forward(a.q.tolist(), a.k), TypeError,
                        "qksoftmax.forward: q must be a torch.Tensor or numpy.ndarray, got list"),
-    "q float64": (lambda a: qksoftmax.forward(a.q.astype(np.float64), a.k), TypeError,
-                  "q must have dtype float16 or float32 (numpy has no bfloat16), got float64"),
+    "q complex64": (lambda a: qksoftmax.forward(a.q.astype(np.complex64), a.k), TypeError,
+                    "q must have dtype float16, float32 or float64 (numpy has no bfloat16), got complex64"),
     "q int32": (lambda a: qksoftmax.backward(a.q.astype(np.int32), a.k, a.dp), TypeError,
                 "qksoftmax.backward: q must have dtype"),
     "k not an array": (lambda a: qksoftmax.forward(a.q, None), TypeError,
@@ -78,5 +78,5 @@ def test_extension_reports_invalid_argument_as_value_error(a):
 
 
 def test_extension_rejects_unknown_dtype(a):
-    with pytest.raises(TypeError, match="q must have dtype bfloat16, float16 or float32"):
-        qksoftmax._C.forward_workspace_size(a.q.astype(np.float64), a.k, a.p, None, None, True)
+    with pytest.raises(TypeError, match="q must have dtype bfloat16, float16, float32 or float64"):
+        qksoftmax._C.forward_workspace_size(a.q.astype(np.int32), a.k, a.p, None, None, True)

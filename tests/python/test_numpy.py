@@ -14,7 +14,7 @@ CASES = [
     Case(1, 4, 2, 5, 9, 16),  # Sq < Sk, GQA
     Case(2, 3, 3, 12, 6, 4),  # Sq > Sk
 ]
-DTYPES = [np.float16, np.float32]
+DTYPES = [np.float16, np.float32, np.float64]
 
 
 def inputs(case: Case, dtype, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

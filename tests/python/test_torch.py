@@ -1,58 +1,31 @@
 """torch tensors: CPU (CPU backend) and CUDA, against the fp64 reference and pure PyTorch autograd."""
 
-import math
-
-import numpy as np
 import pytest
 
 import qk_reference as ref
 import qksoftmax
-from qk_reference import BACKWARD_MODES, TOLERANCE, Case, normal, rel_error, run_backward
+from qk_reference import BACKWARD_MODES, CUDA_HEAD_DIM, TOLERANCE, Case, normal, rel_error, run_backward
 
 torch = pytest.importorskip("torch")
 
-HAS_CUDA = torch.cuda.is_available()
-requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs torch with a CUDA device")
+from torch_util import (  # noqa: E402  (after the skip: torch_util imports torch)
+    DTYPES,
+    HAS_CUDA,
+    requires_cuda,
+    tensors,
+    to_numpy,
+    tolerance,
+    torch_probs,
+)
+
 requires_two_gpus = pytest.mark.skipif(not HAS_CUDA or torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
 
-DTYPES = [torch.bfloat16, torch.float16, torch.float32]
-CUDA_HEAD_DIM = 64  # a head dimension the CUDA kernels cover
 CASES = [
     Case(1, 2, 2, 1, 1, CUDA_HEAD_DIM),  # S = 1
     Case(2, 2, 2, 7, 7, CUDA_HEAD_DIM),  # S = 7
     Case(1, 4, 2, 129, 129, CUDA_HEAD_DIM),  # S = 129, GQA
     Case(1, 2, 1, 33, 70, 2 * CUDA_HEAD_DIM),  # Sq < Sk, GQA
 ]
-
-
-@pytest.fixture(scope="session")
-def cuda_backend() -> None:
-    """Skips the CUDA tests while the CUDA backend reports everything as unsupported (before its kernels)."""
-    q = torch.zeros(1, 1, 1, CUDA_HEAD_DIM, dtype=torch.bfloat16, device="cuda")
-    try:
-        qksoftmax.forward(q, q)
-    except NotImplementedError as error:
-        pytest.skip(f"the CUDA backend runs nothing yet: {error}")
-
-
-@pytest.fixture(params=["cpu", pytest.param("cuda", marks=requires_cuda)])
-def device(request) -> str:
-    if request.param == "cuda":
-        request.getfixturevalue("cuda_backend")
-    return request.param
-
-
-def tolerance(dtype) -> float:
-    return TOLERANCE[str(dtype).removeprefix("torch.")]
-
-
-def tensors(seed: int, dtype, device: str, *shapes: tuple[int, ...]) -> list:
-    return [torch.from_numpy(x).to(device=device, dtype=dtype) for x in normal(seed, *shapes)]
-
-
-def to_numpy(t) -> np.ndarray:
-    """The values of t, exactly, in fp64 (the reference's inputs)."""
-    return t.detach().cpu().double().numpy()
 
 
 def check_backward(q, k, dp, mode: str, **options) -> None:
@@ -117,16 +90,6 @@ def test_attention_probs_gradients(device, dtype, causal):
         assert rel_error(to_numpy(out), to_numpy(expected)) <= tolerance(dtype)
 
 
-def torch_probs(q, k, causal: bool):
-    """Pure PyTorch P (the autograd reference), GQA included."""
-    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-    s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    if causal:
-        masked = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1)
-        s = s.masked_fill(masked, -math.inf)
-    return torch.softmax(s, dim=-1)
-
-
 def test_requires_grad_inputs_outside_autograd(device):
     q, k, dp = (t.requires_grad_(True) for t in tensors(6, torch.float32, device, (1, 1, 5, 64),
                                                         (1, 1, 5, 64), (1, 1, 5, 5)))
@@ -171,9 +134,33 @@ def test_dtype_mismatch_names_both_dtypes():
 
 
 def test_unsupported_dtype():
-    q = torch.zeros(1, 1, 4, 8, dtype=torch.float64)
-    with pytest.raises(TypeError, match="q must have dtype torch.bfloat16, torch.float16 or torch.float32"):
+    q = torch.zeros(1, 1, 4, 8, dtype=torch.int32)
+    message = "q must have dtype torch.bfloat16, torch.float16, torch.float32 or torch.float64, got torch.int32"
+    with pytest.raises(TypeError, match=message):
         qksoftmax.forward(q, q)
+
+
+@pytest.mark.parametrize("mode", BACKWARD_MODES)
+@pytest.mark.parametrize("causal", [True, False])
+def test_float64_on_the_cpu(causal, mode):
+    """fp64 runs on the CPU backend; only lse is float32 (a P recomputed from it is float32-accurate)."""
+    case = CASES[-1]
+    q, k, dp = tensors(12, torch.float64, "cpu", case.q_shape, case.k_shape, case.p_shape)
+    p, lse = qksoftmax.forward(q, k, causal=causal)
+    assert p.dtype == torch.float64 and lse.dtype == torch.float32
+    assert rel_error(to_numpy(p), ref.forward(to_numpy(q), to_numpy(k), causal=causal)[0]) <= TOLERANCE["float64"]
+    check_backward(q, k, dp, mode, causal=causal)
+
+
+@requires_cuda
+def test_float64_on_cuda_is_not_implemented():
+    q = torch.zeros(1, 1, 4, CUDA_HEAD_DIM, dtype=torch.float64, device="cuda")
+    message = "q has dtype torch.float64 on cuda:0: float64 runs on the CPU backend only"
+    with pytest.raises(NotImplementedError, match=message):
+        qksoftmax.forward(q, q)
+    p = torch.zeros(1, 1, 4, 4, dtype=torch.float64, device="cuda")
+    with pytest.raises(NotImplementedError, match="^q: float64 runs on the CPU backend only$"):
+        qksoftmax._C.forward_workspace_size(q, q, p, None, None, True)
 
 
 def test_mixing_numpy_and_torch():

@@ -1,23 +1,25 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (no network): build on all cores, run every test with the GPU active,
-# compute-sanitizer (memcheck, racecheck) on a representative subset, read registers/spills and SASS,
-# benchmark with the PyTorch peers. Full logs go to $OUT; a short table is printed last.
+# benchmark (with the PyTorch peers), compute-sanitizer (memcheck, racecheck) on a representative subset,
+# read registers/spills and SASS. Results and a log archive go to $OUT; a short table is printed last.
 #
-#   scripts/gpu-check.sh                 # all stages
-#   STAGES="build test" scripts/gpu-check.sh
-#   BENCH_ARGS="--suite all --mode all --dtype all" scripts/gpu-check.sh
+#   scripts/gpu-check.sh                        # all stages
+#   STAGES="build ctest" scripts/gpu-check.sh   # some
+#   BUDGET_S=540 scripts/gpu-check.sh           # stages after the budget are cut short, the summary still prints
 #
 # Needs .deps/ (scripts/deps.sh, run where there is network; carry it with the call).
 # shellcheck disable=SC2086
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/gpu-check}
-STAGES=${STAGES:-"build ctest pytest sanitize sass bench peers"}
+STAGES=${STAGES:-"build ctest bench peers sanitize sass pytest"}
+BUDGET_S=${BUDGET_S:-100000}
 CMAKE_ARGS=${CMAKE_ARGS:-}
-# A representative subset under the sanitizers: every dtype, mask and mode at a tail size, strided layouts.
-SANITIZE_FILTER=${SANITIZE_FILTER:-'*GpuVsCpu*S65x65_D64*:*GpuVsCpu*S200x200*:GpuTest.ForwardWithoutLse'}
+# A representative subset under the sanitizers: every dtype, mask and mode at a tail size (generic and Hopper
+# paths), GQA, strided layouts.
+SANITIZE_FILTER=${SANITIZE_FILTER:-'*GpuVsCpu*S65x65_D64*:*GpuVsCpu*S136x136_D128*:*GpuVsCpu*S200x200*:*H4x1_S129x129*:GpuTest.ForwardWithoutLse'}
 BENCH_ARGS=${BENCH_ARGS:-"--suite all --mode all --dtype bf16"}
-PEER_ARGS=${PEER_ARGS:-"--suite all --dtype bf16"}
+PEER_ARGS=${PEER_ARGS:-"--suite seed16 --dtype bf16"}
 BUILD=build/gpu
 LOGS=$OUT/logs
 mkdir -p "$LOGS"
@@ -26,12 +28,14 @@ export PYTHONUNBUFFERED=1
 declare -a summary
 record() { summary+=("$(printf '%-10s %-6s %s' "$1" "$2" "$3")"); }
 has_stage() { [[ " $STAGES " == *" $1 "* ]]; }
-run_logged() {  # name, command...: runs, tees to $LOGS/name.log, returns the command's status
+left() { echo $((BUDGET_S - SECONDS > 1 ? BUDGET_S - SECONDS : 1)); }
+run_logged() {  # name, command...: runs within the budget, tees to $LOGS/name.log, returns the command's status
   local name=$1; shift
   echo "=== $name: $*"
-  "$@" 2>&1 | tee "$LOGS/$name.log"
+  timeout "$(left)" "$@" 2>&1 | tee "$LOGS/$name.log"
   return "${PIPESTATUS[0]}"
 }
+last_line() { grep -E "$1" "$2" 2>/dev/null | tail -1; }
 
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.limit --format=csv; nvcc --version | tail -1;
   python3 -c 'import torch; print("torch", torch.__version__)'; date -u +%FT%TZ; } > "$LOGS/env.txt" 2>&1
@@ -50,28 +54,36 @@ fi
 
 if has_stage ctest; then
   if run_logged ctest ctest --test-dir $BUILD --output-on-failure --timeout 600 -j 8; then
-    record ctest ok "$(grep -E 'tests passed' "$LOGS/ctest.log" | tail -1)"
+    record ctest ok "$(last_line 'tests passed' "$LOGS/ctest.log")"
   else
-    record ctest FAIL "$(grep -E 'tests passed|tests failed' "$LOGS/ctest.log" | tail -1)"
+    record ctest FAIL "$(last_line 'tests passed|tests failed' "$LOGS/ctest.log")"
   fi
 fi
 
-if has_stage pytest; then
-  if PYTHONPATH=python run_logged pytest python3 -m pytest tests/python -q -rs; then
-    record pytest ok "$(tail -1 "$LOGS/pytest.log")"
+if has_stage bench; then
+  bench_bin=$(find $BUILD -name qksoftmax-bench -type f | head -1)
+  if run_logged bench "$bench_bin" $BENCH_ARGS --json "$OUT/h200.json"; then
+    record bench ok "$(grep -c '^suite' "$LOGS/bench.log") suite tables"
   else
-    record pytest FAIL "$(tail -1 "$LOGS/pytest.log")"
+    record bench FAIL "$(grep -c FAILED "$LOGS/bench.log") FAILED lines, see logs/bench.log"
   fi
 fi
 
+if has_stage peers; then
+  if run_logged peers python3 bench/torch_peers.py --json "$OUT/h200.json" $PEER_ARGS; then
+    record peers ok ""
+  else
+    record peers FAIL "see logs/peers.log"
+  fi
+fi
 if has_stage sanitize; then
   tests_bin=$(find $BUILD -name qksoftmax_tests -type f | head -1)
   for tool in memcheck racecheck; do
     if run_logged "sanitize-$tool" compute-sanitizer --tool $tool --error-exitcode 1 "$tests_bin" \
           --gtest_filter="$SANITIZE_FILTER" --gtest_brief=1; then
-      record $tool ok "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOGS/sanitize-$tool.log" | tail -1)"
+      record $tool ok "$(last_line 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOGS/sanitize-$tool.log")"
     else
-      record $tool FAIL "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOGS/sanitize-$tool.log" | tail -1)"
+      record $tool FAIL "$(last_line 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$LOGS/sanitize-$tool.log")"
     fi
   done
 fi
@@ -83,29 +95,21 @@ if has_stage sass; then
   record sass info "HGMMA $(grep -c HGMMA "$LOGS/sass.txt") HMMA $(grep -c 'HMMA' "$LOGS/sass.txt") LDL/STL $(grep -cE '\b(LDL|STL)\b' "$LOGS/sass.txt")"
 fi
 
-if has_stage bench; then
-  bench_bin=$(find $BUILD -name qksoftmax-bench -type f | head -1)
-  # shellcheck disable=SC2086
-  if run_logged bench "$bench_bin" $BENCH_ARGS --json "$OUT/h200.json"; then
-    record bench ok "$(grep -iE 'aggregate|suite' "$LOGS/bench.log" | tail -3 | tr '\n' ' ')"
+if has_stage pytest; then
+  if PYTHONPATH=python run_logged pytest python3 -m pytest tests/python -q -rs -p no:cacheprovider; then
+    record pytest ok "$(tail -1 "$LOGS/pytest.log")"
   else
-    record bench FAIL "see logs/bench.log"
+    record pytest FAIL "$(tail -1 "$LOGS/pytest.log")"
   fi
 fi
 
-if has_stage peers; then
-  # shellcheck disable=SC2086
-  if run_logged peers python3 bench/torch_peers.py --json "$OUT/h200.json" $PEER_ARGS; then
-    record peers ok ""
-  else
-    record peers FAIL "see logs/peers.log"
-  fi
-  python3 bench/plot.py "$OUT/h200.json" > "$LOGS/plot.log" 2>&1 && cp "$OUT"/h200-*.png "$OUT/" 2>/dev/null
+if [ -f "$OUT/h200.json" ]; then
+  python3 bench/plot.py "$OUT/h200.json" > "$LOGS/plot.log" 2>&1 || record plot FAIL "see logs/plot.log"
 fi
 
 tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$LOGS"
 echo
-echo "==================== gpu-check summary ($(date -u +%FT%TZ)) ===================="
+echo "==================== gpu-check summary ($(date -u +%FT%TZ), ${SECONDS} s) ===================="
 printf '%s\n' "${summary[@]}"
 for line in "${summary[@]}"; do [[ $line == *" FAIL "* ]] && exit 1; done
 exit 0

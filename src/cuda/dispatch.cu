@@ -1,11 +1,14 @@
 // The CUDA backend's entry points: pointer checks, workspace size, and the choice of kernel family.
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <string>
 
 #include "cuda/cuda_backend.h"
 #include "cuda/generic_instances.h"
 #include "cuda/generic_launch.cuh"
+#include "cuda/sm90_backward_launch.cuh"
+#include "cuda/sm90_instances.h"
 
 namespace qksoftmax::cuda {
 namespace {
@@ -14,6 +17,36 @@ struct NamedOperand {
   const char* name;
   const Operand& op;
 };
+
+constexpr int kHopperMajor = 9;
+constexpr int64_t kTmaAlignmentBytes = 16;
+constexpr int64_t kSm90HeadDim = 128;
+
+// Shapes the Hopper backward covers, whatever the pointers: the workspace size depends on this only.
+bool sm90_shape(const Problem& prob) {
+  return prob.pass == Pass::kBackward && prob.dtype != DType::kFloat32 && prob.D == kSm90HeadDim &&
+         !prob.deterministic;
+}
+
+// TMA needs 16-byte aligned base addresses and strides.
+bool tma_compatible(const Operand& op, size_t element_bytes) {
+  const int64_t e = int64_t(element_bytes);
+  return reinterpret_cast<uintptr_t>(op.ptr) % kTmaAlignmentBytes == 0 && (op.sb * e) % kTmaAlignmentBytes == 0 &&
+         (op.sh * e) % kTmaAlignmentBytes == 0 && (op.sr * e) % kTmaAlignmentBytes == 0;
+}
+
+bool on_hopper() {
+  int device = 0, major = 0;
+  return cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+         major == kHopperMajor;
+}
+
+bool sm90_eligible(const Problem& prob) {
+  const size_t e = dtype_size(prob.dtype);
+  return sm90_shape(prob) && tma_compatible(prob.q, e) && tma_compatible(prob.k, e) && tma_compatible(prob.dp, e) &&
+         (!prob.p.present() || tma_compatible(prob.p, e)) && on_hopper();
+}
 
 }  // namespace
 
@@ -41,9 +74,19 @@ Status check_pointers(const Problem& prob) {
   return {};
 }
 
-size_t workspace_size(const Problem& prob) { return GenericWorkspace::of(prob).bytes(prob); }
+size_t workspace_size(const Problem& prob) {
+  return GenericWorkspace::of(prob).bytes(prob) + (sm90_shape(prob) ? dq_accum_bytes(prob) : 0);
+}
 
 Status run(const Problem& prob, void* workspace, CUstream_st* stream) {
+  if (sm90_eligible(prob)) {
+#define QKSOFTMAX_DISPATCH_SM90(T, HD)                                                 \
+    if (prob.dtype == ElementTraits<T>::kDType && prob.D == HD) {                      \
+      return run_sm90_backward<sm90::Config<T, HD>>(prob, workspace, stream);    \
+    }
+    QKSOFTMAX_SM90_CONFIGS(QKSOFTMAX_DISPATCH_SM90)
+#undef QKSOFTMAX_DISPATCH_SM90
+  }
 #define QKSOFTMAX_DISPATCH_GENERIC(T, HD)                                              \
   if (prob.dtype == ElementTraits<T>::kDType && prob.D == HD) {                        \
     return run_generic<GenericConfig<T, HD>>(prob, workspace, stream);                 \

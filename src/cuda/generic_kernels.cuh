@@ -67,6 +67,35 @@ __device__ inline float warp_sum(float v) {
   return v;
 }
 
+// Running statistics of one softmax row: max, Σ exp(s − max) and Σ exp(s − max)·dP.
+struct OnlineRow {
+  float max = -INFINITY, sum = 0.0f, dot = 0.0f;
+
+  // Folds a chunk of the row (s = −inf where masked) into the statistics, rescaled to the new maximum.
+  // Max and Sum reduce over the lanes that share the row; every one of them must call.
+  template <int kCols, class Max, class Sum>
+  __device__ void fold(const float (&s)[kCols], const float (&dp)[kCols], Max lanes_max, Sum lanes_sum) {
+    float chunk_max = -INFINITY;
+    CUTE_UNROLL
+    for (int c = 0; c < kCols; ++c) chunk_max = fmaxf(chunk_max, s[c]);
+    const float new_max = fmaxf(max, lanes_max(chunk_max));
+    const float base = new_max == -INFINITY ? 0.0f : new_max;  // nothing live yet: the sums stay 0
+    float chunk_sum = 0.0f, chunk_dot = 0.0f;
+    CUTE_UNROLL
+    for (int c = 0; c < kCols; ++c) {
+      const float e = expf(s[c] - base);
+      chunk_sum += e;
+      chunk_dot += e * dp[c];
+    }
+    const float rescale = expf(max - base);
+    sum = sum * rescale + lanes_sum(chunk_sum);
+    dot = dot * rescale + lanes_sum(chunk_dot);
+    max = new_max;
+  }
+  __device__ float lse() const { return sum > 0.0f ? max + logf(sum) : -INFINITY; }
+  __device__ float delta() const { return sum > 0.0f ? dot / sum : 0.0f; }
+};
+
 template <class Element>
 __device__ inline float to_float(Element v) {
   return static_cast<float>(v);
@@ -232,14 +261,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) row_stats_kernel(const Params p
   if (need_scores) load_rows<Cfg, Cfg::kBlockM>(st.q, prob.q, b, h, m0, prob.Sq);
   if (params.lse_given) load_row_vec<Cfg>(st.lse, params.lse, b, h, m0, prob.Sq);
 
-  // Running statistics of the rows this warp owns (identical in every lane).
-  float row_max[kRowsPerWarp], row_sum[kRowsPerWarp], row_dot[kRowsPerWarp];
-  CUTE_UNROLL
-  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-    row_max[rr] = -INFINITY;
-    row_sum[rr] = 0.0f;
-    row_dot[rr] = 0.0f;
-  }
+  // Running statistics of the rows this warp owns (identical in every lane); dot alone when P is known.
+  OnlineRow rows[kRowsPerWarp];
 
   const int64_t kv_head = h / prob.group();
   const int64_t col_blocks = col_blocks_for_rows<Cfg>(prob, m0);
@@ -275,24 +298,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) row_stats_kernel(const Params p
           const float prob_ij = saved_p ? to_float(p[prob.p.offset(b, h, i, j)]) : expf(s[cc] - st.lse[r]);
           dot += prob_ij * dpv[cc];
         }
-        row_dot[rr] += warp_sum(dot);
-      } else {  // online softmax: rescale the running sums to the new maximum
-        float block_max = -INFINITY;
-        CUTE_UNROLL
-        for (int cc = 0; cc < kColsPerLane; ++cc) block_max = fmaxf(block_max, s[cc]);
-        const float new_max = fmaxf(row_max[rr], warp_max(block_max));
-        if (new_max == -INFINITY) continue;
-        float sum = 0.0f, dot = 0.0f;
-        CUTE_UNROLL
-        for (int cc = 0; cc < kColsPerLane; ++cc) {
-          const float e = expf(s[cc] - new_max);
-          sum += e;
-          dot += e * dpv[cc];
-        }
-        const float rescale = expf(row_max[rr] - new_max);
-        row_sum[rr] = row_sum[rr] * rescale + warp_sum(sum);
-        row_dot[rr] = row_dot[rr] * rescale + warp_sum(dot);
-        row_max[rr] = new_max;
+        rows[rr].dot += warp_sum(dot);
+      } else {
+        rows[rr].fold(s, dpv, [](float v) { return warp_max(v); }, [](float v) { return warp_sum(v); });
       }
     }
     __syncthreads();  // sK and sS are overwritten by the next column block
@@ -304,14 +312,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) row_stats_kernel(const Params p
     const int64_t i = m0 + warp * kRowsPerWarp + rr;
     if (i >= prob.Sq) continue;
     const bool computes_lse = !saved_p && !params.lse_given;
-    if (computes_lse) {
-      params.lse.ptr[params.lse.offset(b, h, i)] =
-          row_sum[rr] > 0.0f ? row_max[rr] + logf(row_sum[rr]) : -INFINITY;
-    }
-    if (backward) {
-      const float delta = computes_lse ? (row_sum[rr] > 0.0f ? row_dot[rr] / row_sum[rr] : 0.0f) : row_dot[rr];
-      params.delta.ptr[params.delta.offset(b, h, i)] = delta;
-    }
+    if (computes_lse) params.lse.ptr[params.lse.offset(b, h, i)] = rows[rr].lse();
+    if (backward) params.delta.ptr[params.delta.offset(b, h, i)] = computes_lse ? rows[rr].delta() : rows[rr].dot;
   }
 }
 

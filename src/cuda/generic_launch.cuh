@@ -40,9 +40,9 @@ inline Status launch_status(const char* kernel) {
   return {Code::kCudaError, std::string("launch of ") + kernel + " failed: " + cudaGetErrorString(err)};
 }
 
-template <class Cfg, class Kernel>
-Status launch(Kernel kernel, const char* name, int64_t tiles, const generic::Params& params,
-              CUstream_st* stream) {
+// Launches a kernel of configuration Cfg (threads, shared memory) with one block per tile.
+template <class Cfg, class Kernel, class Params>
+Status launch(Kernel kernel, const char* name, int64_t tiles, const Params& params, CUstream_st* stream) {
   if (tiles > INT_MAX) {
     return {Code::kUnsupported, std::string(name) + ": the problem needs more than 2^31 - 1 blocks"};
   }
@@ -54,8 +54,8 @@ Status launch(Kernel kernel, const char* name, int64_t tiles, const generic::Par
   return launch_status(name);
 }
 
-template <class Cfg>
-Status run_generic(const Problem& prob, void* workspace, CUstream_st* stream) {
+// The per-row vectors of a problem: carved from the front of the workspace, or the caller's LSE.
+inline generic::Params generic_params(const Problem& prob, void* workspace) {
   const GenericWorkspace ws = GenericWorkspace::of(prob);
   char* cursor = static_cast<char*>(workspace);
   auto take = [&](bool wanted) -> float* {
@@ -68,22 +68,38 @@ Status run_generic(const Problem& prob, void* workspace, CUstream_st* stream) {
   float* delta_ws = take(ws.delta);
 
   generic::Params params{prob, {}, {}, false};
-  const int64_t heads = prob.B * prob.Hq;
-  const int64_t row_tiles = (prob.Sq + Cfg::kBlockM - 1) / Cfg::kBlockM * heads;
   if (prob.pass == Pass::kForward) {
     params.lse = ws.lse ? contiguous_rows(lse_ws, prob) : rows_of(prob.out_lse);
-    if (Status s = launch<Cfg>(generic::row_stats_kernel<Cfg>, "row_stats", row_tiles, params, stream); !s.ok()) return s;
-    return launch<Cfg>(generic::write_p_kernel<Cfg>, "write_p", row_tiles, params, stream);
+    return params;
   }
-
   params.delta = contiguous_rows(delta_ws, prob);
   if (prob.mode == BackwardMode::kRecompute) {
     params.lse_given = prob.lse.present();
     params.lse = params.lse_given ? rows_of(prob.lse) : contiguous_rows(lse_ws, prob);
   }
+  return params;
+}
+
+template <class Cfg>
+int64_t row_tiles(const Problem& prob) {
+  return (prob.Sq + Cfg::kBlockM - 1) / Cfg::kBlockM * prob.B * prob.Hq;
+}
+
+// LSE (unless given) and, in backward, D.
+template <class Cfg>
+Status run_row_stats(const generic::Params& params, CUstream_st* stream) {
+  return launch<Cfg>(generic::row_stats_kernel<Cfg>, "row_stats", row_tiles<Cfg>(params.prob), params, stream);
+}
+
+template <class Cfg>
+Status run_generic(const Problem& prob, void* workspace, CUstream_st* stream) {
+  const generic::Params params = generic_params(prob, workspace);
+  if (Status s = run_row_stats<Cfg>(params, stream); !s.ok()) return s;
+  if (prob.pass == Pass::kForward) {
+    return launch<Cfg>(generic::write_p_kernel<Cfg>, "write_p", row_tiles<Cfg>(prob), params, stream);
+  }
   const int64_t col_tiles = (prob.Sk + Cfg::kBlockN - 1) / Cfg::kBlockN * prob.B * prob.Hk;
-  if (Status s = launch<Cfg>(generic::row_stats_kernel<Cfg>, "row_stats", row_tiles, params, stream); !s.ok()) return s;
-  if (Status s = launch<Cfg>(generic::dq_kernel<Cfg>, "dq", row_tiles, params, stream); !s.ok()) return s;
+  if (Status s = launch<Cfg>(generic::dq_kernel<Cfg>, "dq", row_tiles<Cfg>(prob), params, stream); !s.ok()) return s;
   return launch<Cfg>(generic::dk_kernel<Cfg>, "dk", col_tiles, params, stream);
 }
 

@@ -88,6 +88,17 @@ std::vector<Case> sweep() {
       }
     }
   }
+  // The Hopper column pass takes 16-bit, D = 128, TMA-aligned shapes (S a multiple of 8): its tile edges.
+  for (int64_t s : {8, 72, 136, 520}) {
+    for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+      for (Mask mask : kAllMasks) {
+        for (Variant variant : kAllVariants) {
+          cases.push_back({.B = 2, .Hq = 2, .Hk = 2, .Sq = s, .Sk = s, .D = 128, .dtype = dtype, .mask = mask,
+                           .variant = variant});
+        }
+      }
+    }
+  }
   constexpr std::pair<int64_t, int64_t> kRectangles[] = {{65, 129}, {129, 65}, {1000, 7},
                                                           {7, 1000},  {1, 128},   {128, 1}};
   for (const auto& [sq, sk] : kRectangles) {

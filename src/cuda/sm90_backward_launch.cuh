@@ -1,0 +1,71 @@
+// Host side of the Hopper backward: TMA descriptors, row statistics, dQ accumulator, column pass, dQ scaling.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/generic_launch.cuh"
+#include "cuda/sm90_colpass.cuh"
+#include "cuda/sm90_rowstats.cuh"
+
+namespace qksoftmax::cuda {
+
+// Bytes of the fp32 dQ accumulator, (B, Hq, Sq, D).
+inline size_t dq_accum_bytes(const Problem& prob) {
+  const size_t bytes = size_t(prob.B * prob.Hq * prob.Sq * prob.D) * sizeof(float);
+  return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
+}
+
+namespace sm90 {
+
+// A (rows, d, head, batch) or (rows, cols, head, batch) view of an operand, as its TMA descriptor sees it.
+template <class Element, class Cols>
+auto tma_view(const Operand& op, int64_t rows, Cols cols, int64_t heads, int64_t batch) {
+  return cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(op.ptr)),
+                     cute::make_shape(int32_t(rows), cols, int32_t(heads), int32_t(batch)),
+                     cute::make_stride(op.sr, cute::_1{}, op.sh, op.sb));
+}
+
+}  // namespace sm90
+
+template <class Cfg>
+Status run_sm90_backward(const Problem& prob, void* workspace, CUstream_st* stream) {
+  using namespace cute;
+  using Element = typename Cfg::Element;
+  using HD = typename Cfg::HD;
+  constexpr int kConvertThreads = 256;
+  constexpr int64_t kConvertBlocksMax = 4096;
+
+  const generic::Params rows = generic_params(prob, workspace);
+  float* dq_accum = reinterpret_cast<float*>(static_cast<char*>(workspace) + GenericWorkspace::of(prob).bytes(prob));
+  const auto q = sm90::tma_view<Element>(prob.q, prob.Sq, HD{}, prob.Hq, prob.B);
+  const auto k = sm90::tma_view<Element>(prob.k, prob.Sk, HD{}, prob.Hk, prob.B);
+  const auto dp = sm90::tma_view<Element>(prob.dp, prob.Sq, int32_t(prob.Sk), prob.Hq, prob.B);
+  const auto p = sm90::tma_view<Element>(prob.p.present() ? prob.p : prob.dp, prob.Sq, int32_t(prob.Sk), prob.Hq, prob.B);
+  const typename Cfg::Params params{
+      prob,
+      make_tma_copy(SM90_TMA_LOAD{}, q, typename Cfg::SmemLayoutQ{}(_, _, 0)),
+      make_tma_copy(SM90_TMA_LOAD{}, k, typename Cfg::SmemLayoutK{}),
+      make_tma_copy(SM90_TMA_LOAD{}, q, typename Cfg::SmemLayoutK{}),
+      make_tma_copy(SM90_TMA_LOAD{}, dp, typename Cfg::SmemLayoutP{}(_, _, 0)),
+      make_tma_copy(SM90_TMA_LOAD{}, p, typename Cfg::SmemLayoutP{}(_, _, 0)),
+      rows.lse,
+      rows.delta,
+      rows.lse_given,
+      dq_accum};
+
+  const int64_t row_tiles = (prob.Sq + Cfg::kBlockM - 1) / Cfg::kBlockM * prob.B * prob.Hq;
+  if (Status s = launch<Cfg>(sm90::rowstats_kernel<Cfg>, "sm90 row statistics", row_tiles, params, stream); !s.ok()) {
+    return s;
+  }
+  if (cudaMemsetAsync(dq_accum, 0, dq_accum_bytes(prob), stream) != cudaSuccess) return launch_status("dq clear");
+  const int64_t col_tiles = (prob.Sk + Cfg::kBlockN - 1) / Cfg::kBlockN * prob.B * prob.Hk;
+  if (Status s = launch<Cfg>(sm90::colpass_kernel<Cfg>, "sm90 column pass", col_tiles, params, stream); !s.ok()) {
+    return s;
+  }
+  const int64_t total = prob.B * prob.Hq * prob.Sq * Cfg::kHeadDim;
+  const int64_t blocks = std::min<int64_t>((total + kConvertThreads - 1) / kConvertThreads, kConvertBlocksMax);
+  sm90::convert_dq_kernel<Element, Cfg::kHeadDim><<<unsigned(blocks), kConvertThreads, 0, stream>>>(prob, dq_accum);
+  return launch_status("convert dq");
+}
+
+}  // namespace qksoftmax::cuda

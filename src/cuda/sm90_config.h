@@ -1,0 +1,141 @@
+// Configuration of the Hopper kernels (one per dtype and head dimension), shared by host and device:
+// tile shapes, swizzled shared-memory layouts, wgmma tilings, TMA descriptor types.
+#pragma once
+
+#include <cute/arch/copy_sm90.hpp>
+#include <cute/atom/copy_traits_sm90_tma.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
+
+#include "cuda/generic_config.h"
+#include "cuda/generic_kernels.cuh"
+#include "problem.h"
+
+namespace qksoftmax::cuda::sm90 {
+
+using namespace cute;
+
+template <class Element_, int kHeadDim_>
+struct Config {
+  using Element = Element_;
+  static constexpr DType kDType = ElementTraits<Element>::kDType;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = 64;  // query rows per step (one wgmma M)
+  static constexpr int kBlockN = 64;  // key columns owned by a CTA
+  static constexpr int kStages = 2;   // TMA double buffering of the per-step tiles
+  static constexpr int kThreads = 128;  // one warpgroup
+  static constexpr int kMinBlocksPerSm = 2;
+  static constexpr int kQuad = 4;  // lanes that share the rows of a wgmma accumulator
+
+  using BM = Int<kBlockM>;
+  using BN = Int<kBlockN>;
+  using HD = Int<kHeadDim>;
+  using ST = Int<kStages>;
+
+  // 128-byte swizzled, K-major tiles; the transposed views serve the MN-major operands of dQ and dK.
+  using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<BM, HD, ST>{}));   // (rows, d, stage)
+  using SmemLayoutQt = decltype(composition(SmemLayoutQ{}, make_layout(Shape<HD, BM, ST>{},
+                                                                       Stride<BM, _1, Int<kBlockM * kHeadDim>>{})));
+  using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<BN, HD>{}));       // (cols, d)
+  using SmemLayoutKt = decltype(composition(SmemLayoutK{}, make_layout(Shape<HD, BN>{}, Stride<BN, _1>{})));
+  using SmemLayoutP = decltype(tile_to_shape(SmemAtom{}, Shape<BM, BN, ST>{}));   // (rows, cols, stage)
+  using SmemLayoutdS = decltype(tile_to_shape(SmemAtom{}, Shape<BM, BN>{}));      // (rows, cols)
+  using SmemLayoutdSt = decltype(composition(SmemLayoutdS{}, make_layout(Shape<BN, BM>{}, Stride<BM, _1>{})));
+
+  using MmaS = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<BM, BN, HD>, GMMA::Major::K, GMMA::Major::K>()));
+  using MmadQ = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<BM, HD, BN>, GMMA::Major::K, GMMA::Major::MN>()));
+  using MmadK = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<BN, HD, BM>, GMMA::Major::MN, GMMA::Major::MN>()));
+
+  // Global views as TMA sees them: (rows, d, head, batch) and (rows, cols, head, batch).
+  using ShapeRows = Shape<int32_t, HD, int32_t, int32_t>;
+  using ShapeProbs = Shape<int32_t, int32_t, int32_t, int32_t>;
+  using StrideT = Stride<int64_t, _1, int64_t, int64_t>;
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{},
+                                      make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)), ShapeRows{}, StrideT{}),
+                                      SmemLayoutQ{}(_, _, 0)));
+  using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{},
+                                      make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)), ShapeRows{}, StrideT{}),
+                                      SmemLayoutK{}));
+  using TmaP = decltype(make_tma_copy(SM90_TMA_LOAD{},
+                                      make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)), ShapeProbs{}, StrideT{}),
+                                      SmemLayoutP{}(_, _, 0)));
+
+  using SmemLayoutKStaged = decltype(tile_to_shape(SmemAtom{}, Shape<BN, HD, ST>{}));  // (cols, d, stage)
+
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kPBytes = kBlockM * kBlockN * sizeof(Element);
+
+  // The column pass: Q, dP, P per step (staged), K resident, dS for the two products.
+  struct ColPassStorage {
+    alignas(128) cute::array<Element, cosize_v<SmemLayoutQ>> q;
+    alignas(128) cute::array<Element, cosize_v<SmemLayoutK>> k;
+    alignas(128) cute::array<Element, cosize_v<SmemLayoutP>> dp;
+    alignas(128) cute::array<Element, cosize_v<SmemLayoutP>> p;
+    alignas(128) cute::array<Element, cosize_v<SmemLayoutdS>> ds;
+    alignas(8) uint64_t stage_full[kStages];
+    alignas(8) uint64_t k_full;
+  };
+  // The row statistics: Q resident, K, dP, P per step (staged).
+  struct RowStatsStorage {
+    alignas(128) cute::array<Element, cosize_v<SmemLayoutK>> q;  // one (rows, d) tile: the shape of a K tile
+    alignas(128) cute::array<Element, cosize_v<SmemLayoutKStaged>> k;
+    alignas(128) cute::array<Element, cosize_v<SmemLayoutP>> dp;
+    alignas(128) cute::array<Element, cosize_v<SmemLayoutP>> p;
+    alignas(8) uint64_t stage_full[kStages];
+    alignas(8) uint64_t q_full;
+  };
+  static_assert(kBlockM == kBlockN, "the row statistics keep their Q tile in a K-tile layout");
+  static constexpr int kSmemBytes = int(sizeof(ColPassStorage) > sizeof(RowStatsStorage) ? sizeof(ColPassStorage)
+                                                                                        : sizeof(RowStatsStorage));
+
+  struct Params {
+    Problem prob;
+    TmaQ tma_q;
+    TmaK tma_k;
+    TmaK tma_q_rows;  // the row statistics' Q tile: the shape of a K tile
+    TmaP tma_dp;
+    TmaP tma_p;       // saved-P mode only (a copy of tma_dp otherwise, never used)
+    generic::RowVec lse;    // written by the row statistics unless lse_given; read by the column pass
+    generic::RowVec delta;  // D, written by the row statistics
+    bool lse_given;
+    float* dq_accum;        // (B, Hq, Sq, kHeadDim) fp32, zeroed before the column pass
+  };
+};
+
+// A wgmma accumulator ((2, 2, V), M, N) viewed as (rows, cols): ((2, M), (2, V, N)).
+template <class Layout>
+CUTE_HOST_DEVICE constexpr auto rowcol(const Layout& acc) {
+  const auto mode0 = get<0>(acc);
+  return make_layout(make_layout(get<1>(mode0), get<1>(acc)),
+                     make_layout(get<0>(mode0), get<2>(mode0), get<2>(acc)));
+}
+
+// acc (+)= A · B over the whole K extent of the shared-memory operands, on one warpgroup. With kWait false
+// the products stay in flight: a later warpgroup_gemm's wait (or warpgroup_wait<0>) completes them, after
+// which the caller fences acc.
+template <bool kZeroInit, bool kWait = true, class Mma, class TA, class TB, class Acc>
+__device__ void warpgroup_gemm(Mma& mma, const TA& sA, const TB& sB, Acc& acc) {
+  auto thr_mma = mma.get_thread_slice(threadIdx.x);
+  Tensor tCrA = thr_mma.make_fragment_A(thr_mma.partition_A(sA));  // (MMA, MMA_M, MMA_K) descriptors
+  Tensor tCrB = thr_mma.make_fragment_B(thr_mma.partition_B(sB));  // (MMA, MMA_N, MMA_K) descriptors
+  warpgroup_fence_operand(acc);
+  warpgroup_arrive();
+  if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
+  CUTE_UNROLL
+  for (int kb = 0; kb < size<2>(tCrA); ++kb) {
+    gemm(mma, tCrA(_, _, kb), tCrB(_, _, kb), acc);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  if constexpr (kWait) {
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc);
+  }
+}
+
+}  // namespace qksoftmax::cuda::sm90

@@ -1,0 +1,169 @@
+// Hopper backward, row statistics: one CTA (one warpgroup) per (b, h, 64-row block) walks the live column
+// blocks of its rows, K, dP (and P) tiles arriving by TMA (two stages), and produces per row
+//   recompute:            LSE (online max/sum of S = scale·QKᵀ, wgmma) and D = Σ_j P_ij dP_ij
+//   recompute, LSE given: D = Σ_j exp(S_ij − LSE_i) dP_ij
+//   saved-P:              D = Σ_j P_ij dP_ij (no product)
+// The four lanes of a quad share the rows of a wgmma accumulator: row sums end in quad shuffles.
+#pragma once
+
+#include <cutlass/arch/barrier.h>
+
+#include "cuda/sm90_config.h"
+
+namespace qksoftmax::cuda::sm90 {
+
+template <int kLanes>
+__device__ inline float quad_max(float v) {
+  CUTE_UNROLL
+  for (int off = 1; off < kLanes; off *= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+template <int kLanes>
+__device__ inline float quad_sum(float v) {
+  CUTE_UNROLL
+  for (int off = 1; off < kLanes; off *= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
+    rowstats_kernel(CUTE_GRID_CONSTANT const typename Cfg::Params params) {
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  using BM = typename Cfg::BM;
+  using BN = typename Cfg::BN;
+  using HD = typename Cfg::HD;
+  constexpr int kBlockN = Cfg::kBlockN, kQuad = Cfg::kQuad;
+  extern __shared__ __align__(128) char smem_raw[];
+  auto& st = *reinterpret_cast<typename Cfg::RowStatsStorage*>(smem_raw);
+
+  const Problem& prob = params.prob;
+  const bool saved_p = prob.mode == BackwardMode::kSavedP;
+  const bool need_scores = !saved_p;
+  const bool online = need_scores && !params.lse_given;
+  const generic::TileCoord tile = generic::row_tile<Cfg>(prob);
+  const int64_t b = tile.b, h = tile.h, m0 = tile.tile;
+  const int64_t kv_head = h / prob.group();
+  const int64_t last_row = min(m0 + Cfg::kBlockM, prob.Sq) - 1;
+  const int64_t steps = (prob.col_end(last_row) + kBlockN - 1) / kBlockN;
+  const bool leader = threadIdx.x == 0;
+
+  Tensor sQ = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutK{});        // (BM, D)
+  Tensor sK = make_tensor(make_smem_ptr(st.k.data()), typename Cfg::SmemLayoutKStaged{});  // (BN, D, ST)
+  Tensor sdP = make_tensor(make_smem_ptr(st.dp.data()), typename Cfg::SmemLayoutP{});      // (BM, BN, ST)
+  Tensor sP = make_tensor(make_smem_ptr(st.p.data()), typename Cfg::SmemLayoutP{});        // (BM, BN, ST)
+
+  Tensor mQ = params.tma_q_rows.get_tma_tensor(make_shape(int32_t(prob.Sq), HD{}, int32_t(prob.Hq), int32_t(prob.B)));
+  Tensor mK = params.tma_k.get_tma_tensor(make_shape(int32_t(prob.Sk), HD{}, int32_t(prob.Hk), int32_t(prob.B)));
+  Tensor mdP = params.tma_dp.get_tma_tensor(make_shape(int32_t(prob.Sq), int32_t(prob.Sk), int32_t(prob.Hq), int32_t(prob.B)));
+  Tensor mP = params.tma_p.get_tma_tensor(make_shape(int32_t(prob.Sq), int32_t(prob.Sk), int32_t(prob.Hq), int32_t(prob.B)));
+  const int64_t mb = m0 / Cfg::kBlockM;
+
+  if (leader) {
+    for (int s = 0; s < Cfg::kStages; ++s) Barrier::init(&st.stage_full[s], 1);
+    Barrier::init(&st.q_full, 1);
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  const auto issue_step = [&](int64_t t) {
+    const int stage = int(t % Cfg::kStages);
+    Barrier::arrive_and_expect_tx(&st.stage_full[stage], (need_scores ? Cfg::kKBytes : 0) +
+                                                             Cfg::kPBytes * (saved_p ? 2 : 1));
+    if (need_scores) {
+      Tensor gK = local_tile(mK(_, _, kv_head, b), Shape<BN, HD>{}, make_coord(t, 0));  // (BN, D)
+      auto [tKgK, tKsK] = tma_partition(params.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK(_, _, stage)), group_modes<0, 2>(gK));
+      copy(params.tma_k.with(st.stage_full[stage]), tKgK, tKsK);
+    }
+    Tensor gdP = local_tile(mdP(_, _, h, b), Shape<BM, BN>{}, make_coord(mb, t));  // (BM, BN)
+    auto [tPgdP, tPsdP] = tma_partition(params.tma_dp, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdP(_, _, stage)), group_modes<0, 2>(gdP));
+    copy(params.tma_dp.with(st.stage_full[stage]), tPgdP, tPsdP);
+    if (saved_p) {
+      Tensor gP = local_tile(mP(_, _, h, b), Shape<BM, BN>{}, make_coord(mb, t));
+      auto [tPgP, tPsP] = tma_partition(params.tma_p, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sP(_, _, stage)), group_modes<0, 2>(gP));
+      copy(params.tma_p.with(st.stage_full[stage]), tPgP, tPsP);
+    }
+  };
+
+  if (leader) {
+    if (need_scores) {
+      Barrier::arrive_and_expect_tx(&st.q_full, Cfg::kKBytes);
+      Tensor gQ = local_tile(mQ(_, _, h, b), Shape<BM, HD>{}, make_coord(mb, 0));  // (BM, D)
+      auto [tQgQ, tQsQ] = tma_partition(params.tma_q_rows, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+      copy(params.tma_q_rows.with(st.q_full), tQgQ, tQsQ);
+    }
+    if (steps > 0) issue_step(0);
+  }
+
+  typename Cfg::MmaS mma_s;
+  auto thr_s = mma_s.get_thread_slice(threadIdx.x);
+  Tensor tScS = thr_s.partition_C(make_identity_tensor(Shape<BM, BN>{}));  // (MMA, MMA_M, MMA_N) → (r, c)
+  Tensor tScS_rc = make_tensor(tScS.data(), rowcol(tScS.layout()));         // (rows, cols) → (r, c)
+  constexpr int kRows = size<0>(decltype(tScS_rc.layout()){});
+  constexpr int kCols = size<1>(decltype(tScS_rc.layout()){});
+
+  // Running statistics of this thread's rows (identical across its quad).
+  generic::OnlineRow rows[kRows];
+  float row_lse[kRows];
+  CUTE_UNROLL
+  for (int ri = 0; ri < kRows; ++ri) {
+    const int64_t row = m0 + get<0>(tScS_rc(ri, 0));
+    row_lse[ri] = params.lse_given && row < prob.Sq ? params.lse.ptr[params.lse.offset(b, h, row)] : 0.0f;
+  }
+  if (need_scores) Barrier::wait(&st.q_full, 0);
+
+  for (int64_t t = 0; t < steps; ++t) {
+    if (leader && t + 1 < steps) issue_step(t + 1);
+    const int stage = int(t % Cfg::kStages);
+    Barrier::wait(&st.stage_full[stage], uint32_t((t / Cfg::kStages) & 1));
+    const int64_t n0 = t * kBlockN;
+
+    Tensor tSrS = partition_fragment_C(mma_s, Shape<BM, BN>{});  // (MMA, MMA_M, MMA_N) fp32
+    if (need_scores) warpgroup_gemm<true>(mma_s, sQ, sK(_, _, stage), tSrS);
+    Tensor tSrS_rc = make_tensor(tSrS.data(), rowcol(tSrS.layout()));                       // (rows, cols)
+    Tensor tSsdP = thr_s.partition_C(sdP(_, _, stage));
+    Tensor tSsdP_rc = make_tensor(tSsdP.data(), rowcol(tSsdP.layout()));                   // (rows, cols)
+    Tensor tSsP = thr_s.partition_C(sP(_, _, stage));
+    Tensor tSsP_rc = make_tensor(tSsP.data(), rowcol(tSsP.layout()));                      // (rows, cols)
+
+    CUTE_UNROLL
+    for (int ri = 0; ri < kRows; ++ri) {
+      const int64_t row = m0 + get<0>(tScS_rc(ri, 0));
+      const int64_t end = row < prob.Sq ? prob.col_end(row) : 0;
+      float s[kCols], dpv[kCols];
+      CUTE_UNROLL
+      for (int ci = 0; ci < kCols; ++ci) {
+        const bool live = n0 + get<1>(tScS_rc(ri, ci)) < end;
+        dpv[ci] = live ? float(tSsdP_rc(ri, ci)) : 0.0f;
+        if (saved_p) {
+          s[ci] = live ? float(tSsP_rc(ri, ci)) : 0.0f;  // P itself
+        } else {
+          s[ci] = live ? tSrS_rc(ri, ci) * prob.scale : -INFINITY;
+        }
+      }
+      if (!online) {  // P is known: D accumulates directly
+        float dot = 0.0f;
+        CUTE_UNROLL
+        for (int ci = 0; ci < kCols; ++ci) dot += (saved_p ? s[ci] : expf(s[ci] - row_lse[ri])) * dpv[ci];
+        rows[ri].dot += quad_sum<kQuad>(dot);
+      } else {  // every lane of the warp takes part in the shuffles
+        rows[ri].fold(s, dpv, [](float v) { return quad_max<kQuad>(v); }, [](float v) { return quad_sum<kQuad>(v); });
+      }
+    }
+    __syncthreads();  // the stage is free for the next TMA
+  }
+
+  if (threadIdx.x % kQuad != 0) return;
+  CUTE_UNROLL
+  for (int ri = 0; ri < kRows; ++ri) {
+    const int64_t row = m0 + get<0>(tScS_rc(ri, 0));
+    if (row >= prob.Sq) continue;
+    if (online) {
+      params.lse.ptr[params.lse.offset(b, h, row)] = rows[ri].lse();
+      params.delta.ptr[params.delta.offset(b, h, row)] = rows[ri].delta();
+    } else {
+      params.delta.ptr[params.delta.offset(b, h, row)] = rows[ri].dot;
+    }
+  }
+}
+
+}  // namespace qksoftmax::cuda::sm90

@@ -43,6 +43,13 @@ if [ ! -f .deps/googletest/CMakeLists.txt ]; then
   mkdir -p .deps && cp -r /usr/src/googletest .deps/googletest
 fi
 
-# Python build and test tools, pinned (the GPU machine has these versions preinstalled).
-"$PY" -m pip install -q "nanobind==3.1.0" "scikit-build-core==1.1.0" "pytest==9.2.0" "numpy==2.4.6" \
-  "matplotlib==3.11.2"
+# Python build and test tools, pinned; a package that is already importable is left as it is, so that a
+# machine without network (the GPU machine, which has its own versions) needs nothing from PyPI.
+missing=()
+for pair in nanobind:nanobind==3.1.0 scikit_build_core:scikit-build-core==1.1.0 pytest:pytest==9.2.0 \
+            numpy:numpy==2.4.6 matplotlib:matplotlib==3.11.2; do
+  "$PY" -c "import ${pair%%:*}" 2>/dev/null || missing+=("${pair#*:}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  "$PY" -m pip install -q "${missing[@]}"
+fi

@@ -8,6 +8,10 @@ cd "$(dirname "$0")/.."
 CUTLASS_VERSION=4.2.0.0
 PY=${PYTHON:-python3}
 
+command -v nvcc >/dev/null || { echo "deps.sh: the CUDA toolkit (nvcc, CUDA 12.4 or newer for sm_90a) is needed" >&2; exit 1; }
+"$PY" -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' ||
+  { echo "deps.sh: $PY has no development headers (Python.h): install python3-dev" >&2; exit 1; }
+
 need_apt=()
 command -v cmake >/dev/null || need_apt+=(cmake)
 command -v ninja >/dev/null || need_apt+=(ninja-build)

@@ -24,6 +24,7 @@ BUILD=build/gpu
 LOGS=$OUT/logs
 mkdir -p "$LOGS"
 export PYTHONUNBUFFERED=1
+export QKSOFTMAX_REQUIRE_GPU=1  # here a missing GPU fails the GPU tests instead of skipping them
 
 declare -a summary
 record() { summary+=("$(printf '%-10s %-6s %s' "$1" "$2" "$3")"); }

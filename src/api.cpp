@@ -36,9 +36,9 @@ Status guarded(const Body& body) noexcept {
   try {
     return body();
   } catch (const std::exception& e) {
-    return {Code::kUnsupported, std::string("internal error: ") + e.what()};
+    return {Code::kInternal, std::string("internal error: ") + e.what()};
   } catch (...) {
-    return {Code::kUnsupported, "internal error"};
+    return {Code::kInternal, "internal error"};
   }
 }
 

@@ -66,6 +66,7 @@ enum class Code : uint8_t {
   kUnsupported,        // valid, but no backend implements it (e.g. a head dimension on CUDA)
   kWorkspaceTooSmall,  // the workspace is smaller than the size query returned, or misaligned
   kCudaError,          // the CUDA runtime reported an error
+  kInternal,           // a defect or resource failure inside the library (e.g. host memory exhausted)
 };
 
 class Status {

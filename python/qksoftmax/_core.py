@@ -83,7 +83,8 @@ def _check_options(frame: Frame, scale: object, causal: object) -> tuple[float |
         return None, bool(causal)
     if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real):
         raise frame.error(TypeError, f"scale must be a real number or None, got {type_name(scale)}")
-    if not math.isfinite(scale) or abs(scale) > FLOAT32_MAX:
+    # abs() first: math.isfinite overflows on an int beyond float range (e.g. 10**400).
+    if abs(scale) > FLOAT32_MAX or not math.isfinite(scale):
         raise frame.error(ValueError, f"scale must be finite and within float32 range, got {scale}")
     return float(scale), bool(causal)
 

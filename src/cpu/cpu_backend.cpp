@@ -255,7 +255,7 @@ Status run(const Problem& problem) {
   try {
     runner.emplace(problem);
   } catch (const std::bad_alloc&) {
-    return {Code::kUnsupported, "the CPU backend could not allocate the host memory this problem needs"};
+    return {Code::kInternal, "the CPU backend could not allocate the host memory this problem needs"};
   }
   runner->run();
   return {};

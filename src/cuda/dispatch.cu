@@ -20,6 +20,7 @@ struct NamedOperand {
 
 constexpr int kHopperMajor = 9;
 constexpr int64_t kTmaAlignmentBytes = 16;
+constexpr int64_t kTmaStrideLimitBytes = int64_t(1) << 40;  // cuTensorMapEncodeTiled: strides below 2^40 bytes
 constexpr int64_t kSm90HeadDim = 128;
 
 // Shapes the Hopper backward covers, whatever the pointers: the workspace size depends on this only.
@@ -28,11 +29,16 @@ bool sm90_shape(const Problem& prob) {
          !prob.deterministic;
 }
 
-// TMA needs 16-byte aligned base addresses and strides.
+// TMA needs a 16-byte aligned base and strides that are positive multiples of 16 bytes below 2^40 bytes
+// (a broadcast, stride-0 dimension takes the generic path).
+bool tma_stride(int64_t stride, int64_t element_bytes) {
+  return stride > 0 && stride < kTmaStrideLimitBytes / element_bytes &&
+         (stride * element_bytes) % kTmaAlignmentBytes == 0;
+}
 bool tma_compatible(const Operand& op, size_t element_bytes) {
   const int64_t e = int64_t(element_bytes);
-  return reinterpret_cast<uintptr_t>(op.ptr) % kTmaAlignmentBytes == 0 && (op.sb * e) % kTmaAlignmentBytes == 0 &&
-         (op.sh * e) % kTmaAlignmentBytes == 0 && (op.sr * e) % kTmaAlignmentBytes == 0;
+  return reinterpret_cast<uintptr_t>(op.ptr) % kTmaAlignmentBytes == 0 && tma_stride(op.sb, e) &&
+         tma_stride(op.sh, e) && tma_stride(op.sr, e);
 }
 
 bool on_hopper() {
@@ -45,7 +51,7 @@ bool on_hopper() {
 bool sm90_eligible(const Problem& prob) {
   const size_t e = dtype_size(prob.dtype);
   return sm90_shape(prob) && tma_compatible(prob.q, e) && tma_compatible(prob.k, e) && tma_compatible(prob.dp, e) &&
-         (!prob.p.present() || tma_compatible(prob.p, e)) && on_hopper();
+         (!prob.p.present() || tma_compatible(prob.p, e));
 }
 
 }  // namespace
@@ -79,6 +85,9 @@ size_t workspace_size(const Problem& prob) {
 }
 
 Status run(const Problem& prob, void* workspace, CUstream_st* stream) {
+  if (!on_hopper()) {
+    return {Code::kUnsupported, "q: the CUDA backend is built for Hopper (sm_90a) only; use the CPU backend"};
+  }
   if (sm90_eligible(prob)) {
 #define QKSOFTMAX_DISPATCH_SM90(T, HD)                                                 \
     if (prob.dtype == ElementTraits<T>::kDType && prob.D == HD) {                      \
@@ -93,7 +102,7 @@ Status run(const Problem& prob, void* workspace, CUstream_st* stream) {
   }
   QKSOFTMAX_GENERIC_CONFIGS(QKSOFTMAX_DISPATCH_GENERIC)
 #undef QKSOFTMAX_DISPATCH_GENERIC
-  return {Code::kUnsupported, "the CUDA backend supports head dimensions 64 and 128, got " +
+  return {Code::kUnsupported, "q: the CUDA backend supports head dimensions 64 and 128, got " +
                                   std::to_string(prob.D) + " (the CPU backend supports any)"};
 }
 

@@ -5,7 +5,7 @@
 //   dS = P ∘ (dP − D)  → shared memory (bf16/fp16)
 //   dQ partial = dS K (wgmma) → fp32 atomics into an accumulator in the workspace
 //   dK        += dSᵀ Q (wgmma)
-// LSE and D come from the row-statistics pass (generic row_stats). A convert kernel scales dQ at the end.
+// LSE and D come from the row-statistics pass (sm90_rowstats.cuh). A convert kernel scales dQ at the end.
 // Needs 16-byte aligned tensors with 16-byte multiple strides (TMA); not deterministic (atomics).
 #pragma once
 

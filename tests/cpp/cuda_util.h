@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <cstdlib>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "test_util.h"
@@ -21,12 +23,25 @@ inline bool gpu_available() {
   return available;
 }
 
-// Base of every test that needs a GPU: skipped without one.
+// With QKSOFTMAX_REQUIRE_GPU=1 (set by scripts/gpu-check.sh) a missing GPU is a failure, not a skip.
+inline bool gpu_required() {
+  const char* value = std::getenv("QKSOFTMAX_REQUIRE_GPU");
+  return value != nullptr && std::string_view(value) == "1";
+}
+
+// Skips (or, where a GPU is required, fails) the current test when there is no GPU.
+#define QKSOFTMAX_NEED_GPU()                                                          \
+  do {                                                                                \
+    if (!::qksoftmax::test::gpu_available()) {                                        \
+      if (::qksoftmax::test::gpu_required()) FAIL() << "QKSOFTMAX_REQUIRE_GPU=1 but no CUDA GPU"; \
+      GTEST_SKIP() << "no CUDA GPU";                                                  \
+    }                                                                                 \
+  } while (false)
+
+// Base of every test that needs a GPU.
 class GpuTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    if (!gpu_available()) GTEST_SKIP() << "no CUDA GPU";
-  }
+  void SetUp() override { QKSOFTMAX_NEED_GPU(); }
 };
 
 inline Status cuda_status(cudaError_t err, const char* what) {

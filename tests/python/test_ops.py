@@ -202,12 +202,19 @@ def test_compile_forward_and_backward():
         torch.testing.assert_close(got, expected)
 
 
+# A shape for each CUDA kernel family: generic (any S), and Hopper (16-bit, D = 128, S a multiple of 8),
+# whose backward also clears and reduces a dQ accumulator inside the captured graph.
+GRAPH_SHAPES = {"generic": (65, CUDA_HEAD_DIM), "hopper": (72, 128)}
+
+
 @requires_cuda
 @pytest.mark.parametrize("save", SAVES)
-def test_cuda_graph_capture_and_replay(cuda_backend, save):
+@pytest.mark.parametrize("path", GRAPH_SHAPES)
+def test_cuda_graph_capture_and_replay(cuda_backend, save, path):
     """Forward and backward captured whole: every allocation from the graph's pool, every kernel on the
     capturing stream. Replays on new values of the static inputs match eager runs."""
-    case = Case(2, 4, 2, 65, 65, CUDA_HEAD_DIM)
+    seq, head_dim = GRAPH_SHAPES[path]
+    case = Case(2, 4, 2, seq, seq, head_dim)
     q, k, weight = tensors(8, torch.bfloat16, "cuda", case.q_shape, case.k_shape, case.p_shape)
     q, k = leaves(q, k)
 

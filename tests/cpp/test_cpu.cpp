@@ -131,7 +131,7 @@ TEST_P(CpuMaskedInputs, AreNeverRead) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, CpuMaskedInputs, ::testing::ValuesIn(kAllVariants),
-                         [](const auto& info) { return std::string(variant_name(info.param)); });
+                         variant_param_name);
 
 // Two runs of the same problem are bitwise identical (tasks never depend on the thread that runs them).
 class CpuDeterminism : public ::testing::TestWithParam<Variant> {};
@@ -147,7 +147,7 @@ TEST_P(CpuDeterminism, TwoRunsBitwiseEqual) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, CpuDeterminism, ::testing::ValuesIn(kAllVariants),
-                         [](const auto& info) { return std::string(variant_name(info.param)); });
+                         variant_param_name);
 
 // Without an lse output the forward still writes P, and only P.
 TEST(Cpu, ForwardWithoutLse) {

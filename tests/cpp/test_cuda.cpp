@@ -171,7 +171,7 @@ TEST_P(GpuDeterminism, TwoRunsBitwiseEqual) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, GpuDeterminism, ::testing::ValuesIn(kAllVariants),
-                         [](const auto& info) { return std::string(variant_name(info.param)); });
+                         variant_param_name);
 
 // The forward without the optional lse output.
 TEST_F(GpuTest, ForwardWithoutLse) {

@@ -155,6 +155,11 @@ inline const char* variant_name(Variant v) {
   return "?";
 }
 
+// The test-name suffix of a suite parameterised by Variant.
+inline std::string variant_param_name(const ::testing::TestParamInfo<Variant>& info) {
+  return variant_name(info.param);
+}
+
 constexpr DType kAllDTypes[] = {DType::kBFloat16, DType::kFloat16, DType::kFloat32};
 constexpr Mask kAllMasks[] = {Mask::kNone, Mask::kCausal};
 constexpr Variant kAllVariants[] = {Variant::kRecompute, Variant::kRecomputeLse, Variant::kSavedP};

@@ -12,12 +12,16 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/gpu-check}
-STAGES=${STAGES:-"build ctest bench peers sanitize sass pytest"}
+STAGES=${STAGES:-"build smoke ctest bench peers sanitize sass profile pytest"}
 BUDGET_S=${BUDGET_S:-100000}
 CMAKE_ARGS=${CMAKE_ARGS:-}
 # A representative subset under the sanitizers: every dtype, mask and mode at a tail size (generic and Hopper
 # paths), GQA, strided layouts.
-SANITIZE_FILTER=${SANITIZE_FILTER:-'*GpuVsCpu*S65x65_D64*:*GpuVsCpu*S136x136_D128*:*GpuVsCpu*S200x200*:*H4x1_S129x129*:GpuTest.ForwardWithoutLse'}
+SANITIZE_FILTER=${SANITIZE_FILTER:-'*GpuVsCpu*S65x65_D64*:*GpuVsCpu*S136x136_D128*:*GpuVsCpu*S200x200*:*H4x1_S129x129*:*GpuVsCpu*S264x264_D128*:*GpuVsCpu*S1032x264*:GpuTest.ForwardWithoutLse'}
+# A few cases of each Hopper kernel, run first under a short timeout: a hang shows here, not in ctest.
+SMOKE_FILTER=${SMOKE_FILTER:-'*GpuVsCpu*S520x520_D128*:*GpuVsCpu*S1024x1024_D128*:*GpuVsCpu*S120x120_D128*'}
+# ncu: the Hopper kernels of one large seed16 case in each backward mode.
+PROFILE_CASE=${PROFILE_CASE:-"4,128,1024,128"}
 BENCH_ARGS=${BENCH_ARGS:-"--suite all --mode all --dtype bf16"}
 PEER_ARGS=${PEER_ARGS:-"--suite seed16 --dtype bf16"}
 BUILD=build/gpu
@@ -53,8 +57,17 @@ if has_stage build; then
   fi
 fi
 
+if has_stage smoke; then
+  tests_bin=$(find $BUILD -name qksoftmax_tests -type f | head -1)
+  if BUDGET_S=$((SECONDS + 90)) run_logged smoke "$tests_bin" --gtest_filter="$SMOKE_FILTER" --gtest_brief=1; then
+    record smoke ok "$(last_line 'PASSED' "$LOGS/smoke.log")"
+  else
+    record smoke FAIL "$(last_line 'PASSED|FAILED' "$LOGS/smoke.log") (rc or hang: see logs/smoke.log)"
+  fi
+fi
+
 if has_stage ctest; then
-  if run_logged ctest ctest --test-dir $BUILD --output-on-failure --timeout 600 -j 8; then
+  if run_logged ctest ctest --test-dir $BUILD --output-on-failure --timeout 120 -j 8; then
     record ctest ok "$(last_line 'tests passed' "$LOGS/ctest.log")"
   else
     record ctest FAIL "$(last_line 'tests passed|tests failed' "$LOGS/ctest.log")"
@@ -94,6 +107,17 @@ if has_stage sass; then
   cuobjdump --dump-sass "$lib" > "$LOGS/sass.txt" 2>&1
   cuobjdump --dump-resource-usage "$lib" > "$LOGS/resource-usage.txt" 2>&1
   record sass info "HGMMA $(grep -c HGMMA "$LOGS/sass.txt") HMMA $(grep -c 'HMMA' "$LOGS/sass.txt") LDL/STL $(grep -cE '\b(LDL|STL)\b' "$LOGS/sass.txt")"
+fi
+
+if has_stage profile; then
+  bench_bin=$(find $BUILD -name qksoftmax-bench -type f | head -1)
+  for mode in recompute saved_p; do
+    run_logged "ncu-$mode" ncu --clock-control none -k 'regex:fused_backward|colpass|rowstats|convert_dq' --launch-count 4 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+      --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats \
+      "$bench_bin" --case "$PROFILE_CASE" --mode $mode --impl qksoftmax --runs 20 --warmup 3
+  done
+  record profile info "$(grep -cE '^  [a-z_:]+.*\(' "$LOGS/ncu-recompute.log" 2>/dev/null) kernel reports, logs/ncu-*.log"
 fi
 
 if has_stage pytest; then

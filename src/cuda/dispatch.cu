@@ -88,6 +88,15 @@ Status run(const Problem& prob, void* workspace, CUstream_st* stream) {
   if (!on_hopper()) {
     return {Code::kUnsupported, "q: the CUDA backend is built for Hopper (sm_90a) only; use the CPU backend"};
   }
+  const bool saved_p = prob.mode == BackwardMode::kSavedP;
+  if (sm90_eligible(prob) && prob.Sk <= (saved_p ? kSm90FusedMaxSk : kSm90FusedRecomputeMaxSk)) {
+#define QKSOFTMAX_DISPATCH_SM90_FUSED(T, HD, SAVED_P)                                   \
+    if (prob.dtype == ElementTraits<T>::kDType && prob.D == HD && saved_p == SAVED_P) { \
+      return run_sm90_fused<sm90::FusedConfig<T, HD, SAVED_P>>(prob, stream);          \
+    }
+    QKSOFTMAX_SM90_FUSED_CONFIGS(QKSOFTMAX_DISPATCH_SM90_FUSED)
+#undef QKSOFTMAX_DISPATCH_SM90_FUSED
+  }
   if (sm90_eligible(prob)) {
 #define QKSOFTMAX_DISPATCH_SM90(T, HD)                                                 \
     if (prob.dtype == ElementTraits<T>::kDType && prob.D == HD) {                      \

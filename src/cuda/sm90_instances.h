@@ -13,10 +13,14 @@ namespace qksoftmax::cuda {
 namespace sm90 {
 template <class Element_, int kHeadDim_>
 struct Config;
+template <class Element_, int kHeadDim_, bool kSavedP_>
+struct FusedConfig;
 }  // namespace sm90
 
 template <class Cfg>
 Status run_sm90_backward(const Problem& prob, void* workspace, CUstream_st* stream);
+template <class Cfg>
+Status run_sm90_fused(const Problem& prob, CUstream_st* stream);
 
 #define QKSOFTMAX_SM90_CONFIGS(X) \
   X(cutlass::bfloat16_t, 128)     \
@@ -26,5 +30,24 @@ Status run_sm90_backward(const Problem& prob, void* workspace, CUstream_st* stre
   extern template Status run_sm90_backward<sm90::Config<T, HD>>(const Problem&, void*, CUstream_st*);
 QKSOFTMAX_SM90_CONFIGS(QKSOFTMAX_DECLARE_SM90)
 #undef QKSOFTMAX_DECLARE_SM90
+
+// The fused (cluster) backward takes rows up to this many keys (a portable cluster of 8 CTAs × 128 columns).
+inline constexpr int64_t kSm90FusedMaxSk = 1024;
+// In recompute mode it is dispatched up to this many keys only: measured on the H200 (2026-11-30, seed16
+// bf16), its 8-CTA clusters (Sk > 512) were slower than the two-pass kernels (1199 vs 1082 µs at B = 1,
+// S = 1024); 2- and 4-CTA clusters were faster (docs/PERFORMANCE.md, v2).
+inline constexpr int64_t kSm90FusedRecomputeMaxSk = 512;
+
+// The fused (cluster) backward: one instantiation per dtype, head dimension and mode (saved-P or not).
+#define QKSOFTMAX_SM90_FUSED_CONFIGS(X) \
+  X(cutlass::bfloat16_t, 128, false)    \
+  X(cutlass::bfloat16_t, 128, true)     \
+  X(cutlass::half_t, 128, false)        \
+  X(cutlass::half_t, 128, true)
+
+#define QKSOFTMAX_DECLARE_SM90_FUSED(T, HD, SAVED_P) \
+  extern template Status run_sm90_fused<sm90::FusedConfig<T, HD, SAVED_P>>(const Problem&, CUstream_st*);
+QKSOFTMAX_SM90_FUSED_CONFIGS(QKSOFTMAX_DECLARE_SM90_FUSED)
+#undef QKSOFTMAX_DECLARE_SM90_FUSED
 
 }  // namespace qksoftmax::cuda

@@ -99,6 +99,19 @@ std::vector<Case> sweep() {
       }
     }
   }
+  // The fused (cluster) backward: 128-column blocks, clusters of 2, 4, 8 CTAs, and the switches to the two-pass
+  // kernels (recompute past 512 keys, saved-P past 1024). Sizes around each block and cluster edge (multiples
+  // of 8 keep TMA alignment).
+  for (int64_t s : {120, 248, 256, 264, 504, 512, 1016, 1024, 1032}) {
+    for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+      for (Mask mask : kAllMasks) {
+        for (Variant variant : kAllVariants) {
+          cases.push_back({.B = 1, .Hq = 2, .Hk = 2, .Sq = s, .Sk = s, .D = 128, .dtype = dtype, .mask = mask,
+                           .variant = variant});
+        }
+      }
+    }
+  }
   constexpr std::pair<int64_t, int64_t> kRectangles[] = {{65, 129}, {129, 65}, {1000, 7},
                                                           {7, 1000},  {1, 128},   {128, 1}};
   for (const auto& [sq, sk] : kRectangles) {
@@ -133,7 +146,8 @@ std::vector<Case> sweep() {
       }
     }
   }
-  constexpr std::pair<int64_t, int64_t> kAlignedRectangles[] = {{72, 136}, {136, 72}, {8, 520}, {520, 8}};
+  constexpr std::pair<int64_t, int64_t> kAlignedRectangles[] = {{72, 136}, {136, 72}, {8, 520}, {520, 8},
+                                                                 {1032, 264}, {264, 1032}, {200, 1024}};
   for (const auto& [sq, sk] : kAlignedRectangles) {
     for (Mask mask : kAllMasks) {
       for (Variant variant : kAllVariants) {

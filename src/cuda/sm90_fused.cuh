@@ -1,0 +1,549 @@
+// Hopper fused backward for rows that fit one thread-block cluster (Sk ≤ kMaxCluster · kBlockN): the
+// schedule of docs/DESIGN.md ("one cluster per head, row resident across the cluster").
+//
+// One cluster per (batch, key head); CTA r of the cluster owns key columns [128 r, 128 r + 128) — its K tile
+// and its dK accumulator stay on chip for the whole head (group). The row blocks of every query head of the
+// group stream through (Q, dP and, in saved-P mode, P tiles by TMA). Per row block t, every CTA:
+//   S = Q Kᵀ over its columns (recompute) → per-row partial statistics (max, Σe, Σe·dP; saved-P: Σ P·dP)
+//   → exchanged across the cluster (each CTA reads every CTA's partials through distributed shared memory)
+//   → LSE and D of the whole row → P, dS = P ∘ (dP − D) → dK += dSᵀ Q, dQ partial = dS K
+//   → the dQ partial is reduced into the CTA that owns its slice of head dimensions (distributed shared
+//     memory atomics); two row blocks later that owner scales its slice and stores it.
+// So dP (and P) cross HBM once and there are three GEMMs per live element in recompute mode (two in saved-P):
+// the ceilings of the SOL model. The exchange of row block t + 1's statistics is in flight while row block
+// t's products run: the cluster barrier is split (arrive after writing, wait one step later).
+//
+// Cluster barrier protocol, phase t (all threads of all CTAs arrive once and wait once per phase):
+//   arrive(t) follows the writes of statistics(t) and the dQ atomics of row block t − 1;
+//   wait(t)   precedes the reads of statistics(t) and the conversion of row block t − 2.
+// Hence 2 statistics slots and 3 dQ slots suffice (slot reuse is separated by a completed phase), and every
+// remote access of a CTA's shared memory is finished once phase steps + 1 completes.
+#pragma once
+
+#include <cute/arch/cluster_sm90.hpp>
+#include <cutlass/arch/barrier.h>
+
+#include "cuda/sm90_config.h"
+#include "cuda/sm90_instances.h"
+#include "cuda/sm90_rowstats.cuh"
+
+namespace qksoftmax::cuda::sm90 {
+
+using namespace cute;
+
+template <class Element_, int kHeadDim_, bool kSavedP_>
+struct FusedConfig {
+  using Element = Element_;
+  static constexpr DType kDType = ElementTraits<Element>::kDType;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kSavedP = kSavedP_;
+  static constexpr int kBlockM = 64;        // query rows per step (one wgmma M)
+  static constexpr int kBlockN = 128;       // key columns per CTA, 64 per consumer warpgroup
+  static constexpr int kWarpgroups = 2;
+  static constexpr int kThreads = 128 * kWarpgroups;
+  static constexpr int kStages = kSavedP ? 2 : 3;  // TMA stages of (Q, dP[, P]) tiles
+  static constexpr int kMinCluster = 2;     // a one-column-block row still runs as a pair (the dQ slots fit)
+  static constexpr int kMaxCluster = 8;     // the portable cluster size
+  static constexpr int64_t kMaxSk = int64_t(kMaxCluster) * kBlockN;
+  static_assert(kMaxSk == kSm90FusedMaxSk, "dispatch and kernel agree on the rows a cluster holds");
+  static constexpr int kStatSlots = 2;
+  static constexpr int kDqSlots = 2;
+  static constexpr int kDqRow = kHeadDim + 8;  // floats per row of a dQ partial: rows 8 banks apart (no conflicts)
+  static constexpr int kQuad = 4;
+
+  using BM = Int<kBlockM>;
+  using BN = Int<kBlockN>;
+  using HD = Int<kHeadDim>;
+  using ST = Int<kStages>;
+  using Half = Int<kBlockN / kWarpgroups>;
+
+  using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<BM, HD, ST>{}));   // (rows, d, stage)
+  using SmemLayoutQt = decltype(composition(SmemLayoutQ{}, make_layout(Shape<HD, BM, ST>{},
+                                                                       Stride<BM, _1, Int<kBlockM * kHeadDim>>{})));
+  using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<BN, HD>{}));       // (cols, d)
+  using SmemLayoutKt = decltype(composition(SmemLayoutK{}, make_layout(Shape<HD, BN>{}, Stride<BN, _1>{})));
+  using SmemLayoutP = decltype(tile_to_shape(SmemAtom{}, Shape<BM, BN, ST>{}));   // (rows, cols, stage)
+  using SmemLayoutdS = decltype(tile_to_shape(SmemAtom{}, Shape<BM, BN>{}));      // (rows, cols)
+  using SmemLayoutdSt = decltype(composition(SmemLayoutdS{}, make_layout(Shape<BN, BM>{}, Stride<BM, _1>{})));
+
+  // Two warpgroups side by side: S and dK split the columns, dQ splits the head dimensions.
+  using MmaS = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<BM, Half, HD>, GMMA::Major::K, GMMA::Major::K>(),
+      Layout<Shape<_1, Int<kWarpgroups>, _1>>{}));
+  using MmadQ = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<BM, Int<kHeadDim / kWarpgroups>, BN>, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      Layout<Shape<_1, Int<kWarpgroups>, _1>>{}));
+  using MmadK = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<Half, HD, BM>, GMMA::Major::MN, GMMA::Major::MN>(),
+      Layout<Shape<Int<kWarpgroups>, _1, _1>>{}));
+
+  using ShapeRows = Shape<int32_t, HD, int32_t, int32_t>;
+  using ShapeProbs = Shape<int32_t, int32_t, int32_t, int32_t>;
+  using StrideT = Stride<int64_t, _1, int64_t, int64_t>;
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{},
+                                      make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)), ShapeRows{}, StrideT{}),
+                                      SmemLayoutQ{}(_, _, 0)));
+  using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{},
+                                      make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)), ShapeRows{}, StrideT{}),
+                                      SmemLayoutK{}));
+  using TmaP = decltype(make_tma_copy(SM90_TMA_LOAD{},
+                                      make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)), ShapeProbs{}, StrideT{}),
+                                      SmemLayoutP{}(_, _, 0)));
+
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kPBytes = kBlockM * kBlockN * sizeof(Element);
+  static constexpr uint32_t kStageBytes = kQBytes + kPBytes * (kSavedP ? 2 : 1);
+
+  struct Storage {
+    alignas(128) cute::array<Element, cosize_v<SmemLayoutQ>> q;
+    alignas(128) cute::array<Element, cosize_v<SmemLayoutK>> k;
+    alignas(128) cute::array<Element, cosize_v<SmemLayoutP>> dp;
+    alignas(128) cute::array<Element, kSavedP ? cosize_v<SmemLayoutP> : 1> p;
+    alignas(128) cute::array<Element, cosize_v<SmemLayoutdS>> ds;
+    alignas(16) float4 stats[kStatSlots][kWarpgroups][kBlockM];  // (max·log2e, Σe, Σe·dP, unused) per row
+    alignas(16) float dq[kDqSlots][kBlockM * kDqRow];             // this CTA's dQ partial (rows, d), per step
+    alignas(8) uint64_t stage_full[kStages];
+    alignas(8) uint64_t k_full;
+  };
+  static constexpr int kSmemBytes = int(sizeof(Storage));
+
+  struct Params {
+    Problem prob;
+    TmaQ tma_q;
+    TmaK tma_k;
+    TmaP tma_dp;
+    TmaP tma_p;  // saved-P mode only (a copy of tma_dp otherwise, never used)
+    int cluster;   // CTAs per cluster: a power of two in [kMinCluster, kMaxCluster]
+    int dq_slice;  // head dimensions of dQ reduced and stored by each CTA: kHeadDim / cluster
+  };
+
+  // CTAs per cluster for a key length: enough 128-column blocks, rounded up to a power of two.
+  static constexpr int cluster_for(int64_t sk) {
+    int c = kMinCluster;
+    while (int64_t(c) * kBlockN < sk) c *= 2;
+    return c;
+  }
+};
+
+// Shared-memory accesses spelled out: the compiler cannot always prove that a pointer into the dynamic
+// shared memory is one, and then emits generic accesses (and, for float atomics, compare-and-swap loops).
+__device__ inline uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+// The address of the same shared-memory location in CTA `rank` of the cluster.
+__device__ inline uint32_t cluster_addr(uint32_t local, uint32_t rank) {
+  uint32_t out;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(local), "r"(rank));
+  return out;
+}
+// Loads are volatile (kept after the barrier that made their data visible) but clobber nothing, so that the
+// compiler keeps values it already has in registers.
+__device__ inline float4 load_cluster_f4(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
+  return v;
+}
+// The split cluster barrier, ordered with every memory access around it (release on arrive, acquire on wait).
+__device__ inline void cluster_arrive_ordered() { asm volatile("barrier.cluster.arrive.release.aligned;" : : : "memory"); }
+__device__ inline void cluster_wait_ordered() { asm volatile("barrier.cluster.wait.acquire.aligned;" : : : "memory"); }
+__device__ inline void store_shared_f2(uint32_t addr, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" : : "r"(addr), "f"(x), "f"(y) : "memory");
+}
+// A 16-bit element of shared memory, widened to float.
+// Two adjacent 16-bit elements of shared memory (a wgmma accumulator's column pair), widened to float.
+template <class Element>
+__device__ inline float2 load_shared_pair(const Element& e) {
+  uint32_t bits;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(bits) : "r"(smem_addr(&e)));
+  const Element* x = reinterpret_cast<const Element*>(&bits);
+  return make_float2(float(x[0]), float(x[1]));
+}
+template <class Element>
+__device__ inline void store_shared_pair(Element& e, float v0, float v1) {
+  Element x[2] = {Element(v0), Element(v1)};
+  asm volatile("st.shared.b32 [%0], %1;" : : "r"(smem_addr(&e)), "r"(reinterpret_cast<const uint32_t&>(x)) : "memory");
+}
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    fused_backward_kernel(CUTE_GRID_CONSTANT const typename Cfg::Params params) {
+  using Element = typename Cfg::Element;
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  using BM = typename Cfg::BM;
+  using BN = typename Cfg::BN;
+  using HD = typename Cfg::HD;
+  constexpr bool kSavedP = Cfg::kSavedP;
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages, kQuad = Cfg::kQuad;
+  constexpr float kLog2e = 1.4426950408889634f;
+  extern __shared__ __align__(128) char smem_raw[];
+  auto& st = *reinterpret_cast<typename Cfg::Storage*>(smem_raw);
+
+  const Problem& prob = params.prob;
+  const int cluster = params.cluster, dq_slice = params.dq_slice;
+  // The fields read in the loops, in registers (prob lives in parameter memory).
+  const int64_t Sq = prob.Sq, Sk = prob.Sk, group = prob.group();
+  const bool causal = prob.mask == Mask::kCausal;
+  const float scale = prob.scale;
+  const Operand dq_op = prob.dq, dk_op = prob.dk;
+  const auto col_end = [=](int64_t row) { return causal ? min(row + 1, Sk) : Sk; };
+  const uint32_t rank = blockIdx.x % cluster;  // the cluster spans consecutive blocks along x
+  const int64_t head_block = blockIdx.x / cluster;  // (batch, key head)
+  const int64_t b = head_block / prob.Hk, kv_head = head_block % prob.Hk;
+  const int64_t n0 = int64_t(rank) * kBlockN;
+  // Step indices fit 32 bits (the launch checks): their divisions stay cheap.
+  const int row_blocks = int((Sq + kBlockM - 1) / kBlockM);
+  const int steps = row_blocks * int(group);  // (query head of the group, row block)
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const float scale_log2 = scale * kLog2e;
+
+  const auto head_of = [&](int t) { return kv_head * group + t / row_blocks; };
+  const auto row0_of = [&](int t) { return int64_t(t % row_blocks) * kBlockM; };
+  // One past the last key column that some row of step t may see.
+  const auto step_end = [&](int t) { return col_end(min(row0_of(t) + kBlockM, Sq) - 1); };
+  // A step is live for this CTA when some element of its tile is unmasked.
+  const auto live = [&](int t) { return n0 < step_end(t); };
+
+  Tensor sQ = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQ{});       // (BM, D, ST)
+  Tensor sQt = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQt{});     // (D, BM, ST)
+  Tensor sK = make_tensor(make_smem_ptr(st.k.data()), typename Cfg::SmemLayoutK{});       // (BN, D)
+  Tensor sKt = make_tensor(make_smem_ptr(st.k.data()), typename Cfg::SmemLayoutKt{});     // (D, BN)
+  Tensor sdP = make_tensor(make_smem_ptr(st.dp.data()), typename Cfg::SmemLayoutP{});     // (BM, BN, ST)
+  Tensor sP = make_tensor(make_smem_ptr(st.p.data()), typename Cfg::SmemLayoutP{});       // (BM, BN, ST), saved-P
+  Tensor sdS = make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdS{});    // (BM, BN)
+  Tensor sdSt = make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdSt{});  // (BN, BM)
+
+  Tensor mQ = params.tma_q.get_tma_tensor(make_shape(int32_t(prob.Sq), HD{}, int32_t(prob.Hq), int32_t(prob.B)));
+  Tensor mK = params.tma_k.get_tma_tensor(make_shape(int32_t(prob.Sk), HD{}, int32_t(prob.Hk), int32_t(prob.B)));
+  Tensor mdP = params.tma_dp.get_tma_tensor(make_shape(int32_t(prob.Sq), int32_t(prob.Sk), int32_t(prob.Hq), int32_t(prob.B)));
+  Tensor mP = params.tma_p.get_tma_tensor(make_shape(int32_t(prob.Sq), int32_t(prob.Sk), int32_t(prob.Hq), int32_t(prob.B)));
+
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) Barrier::init(&st.stage_full[s], 1);
+    Barrier::init(&st.k_full, 1);
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  // Thread 0 issues the loads of live steps, at most kStages ahead of the consumers.
+  int load_step = 0;
+  int loaded = 0;
+  const auto produce = [&](int released) {
+    for (; load_step < steps && loaded - released < kStages; ++load_step) {
+      if (!live(load_step)) continue;
+      const int stage = int(loaded % kStages);
+      const int64_t h = head_of(load_step), mb = load_step % row_blocks;
+      Barrier::arrive_and_expect_tx(&st.stage_full[stage], Cfg::kStageBytes);
+      Tensor gQ = local_tile(mQ(_, _, h, b), Shape<BM, HD>{}, make_coord(mb, 0));        // (BM, D)
+      auto [tQgQ, tQsQ] = tma_partition(params.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ(_, _, stage)), group_modes<0, 2>(gQ));
+      copy(params.tma_q.with(st.stage_full[stage]), tQgQ, tQsQ);
+      Tensor gdP = local_tile(mdP(_, _, h, b), Shape<BM, BN>{}, make_coord(mb, int64_t(rank)));  // (BM, BN)
+      auto [tPgdP, tPsdP] = tma_partition(params.tma_dp, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdP(_, _, stage)), group_modes<0, 2>(gdP));
+      copy(params.tma_dp.with(st.stage_full[stage]), tPgdP, tPsdP);
+      if constexpr (kSavedP) {
+        Tensor gP = local_tile(mP(_, _, h, b), Shape<BM, BN>{}, make_coord(mb, int64_t(rank)));  // (BM, BN)
+        auto [tPgP, tPsP] = tma_partition(params.tma_p, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sP(_, _, stage)), group_modes<0, 2>(gP));
+        copy(params.tma_p.with(st.stage_full[stage]), tPgP, tPsP);
+      }
+      ++loaded;
+    }
+  };
+  const bool has_columns = n0 < Sk;
+  if (tid == 0 && has_columns) {
+    Barrier::arrive_and_expect_tx(&st.k_full, Cfg::kKBytes);
+    Tensor gK = local_tile(mK(_, _, kv_head, b), Shape<BN, HD>{}, make_coord(int64_t(rank), 0));  // (BN, D)
+    auto [tKgK, tKsK] = tma_partition(params.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+    copy(params.tma_k.with(st.k_full), tKgK, tKsK);
+    produce(0);
+  }
+
+  typename Cfg::MmaS mma_s;
+  typename Cfg::MmadQ mma_dq;
+  typename Cfg::MmadK mma_dk;
+  auto thr_s = mma_s.get_thread_slice(tid);
+  Tensor tSrS = partition_fragment_C(mma_s, Shape<BM, BN>{});      // (MMA, MMA_M, MMA_N) fp32, step t
+  Tensor tSrSn = partition_fragment_C(mma_s, Shape<BM, BN>{});     // (MMA, MMA_M, MMA_N) fp32, step t + 1
+  Tensor tdKrdK = partition_fragment_C(mma_dk, Shape<BN, HD>{});   // (MMA, MMA_N, MMA_D) fp32
+  clear(tdKrdK);
+  Tensor tScS = thr_s.partition_C(make_identity_tensor(Shape<BM, BN>{}));  // (r, c) per element
+  Tensor tScS_rc = make_tensor(tScS.data(), rowcol(tScS.layout()));         // (rows, cols) → (r, c)
+  Tensor tdQcdQ = mma_dq.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<BM, HD>{}));  // (r, d)
+  Tensor tdSsdS = thr_s.partition_C(sdS);                                   // (MMA, MMA_M, MMA_N)
+  Tensor tdSsdS_rc = make_tensor(tdSsdS.data(), rowcol(tdSsdS.layout()));  // (rows, cols)
+  constexpr int kRows = size<0>(decltype(tScS_rc.layout()){});
+  constexpr int kCols = size<1>(decltype(tScS_rc.layout()){});
+  static_assert(kCols % 2 == 0, "accumulator columns come in adjacent pairs");
+  // Columns of this CTA's block that row m0 + r may see: [0, limit), in [0, kBlockN].
+  const auto col_limit = [&](int64_t m0, int r) {
+    const int64_t row = m0 + r;
+    return row < Sq ? int(min(max(col_end(row) - n0, int64_t(0)), int64_t(kBlockN))) : 0;
+  };
+
+  // This warpgroup's partial statistics of step t over its 64 columns, written to slot t % kStatSlots.
+  // Recompute: (max of S·scale·log2e, Σ 2^(S' − max), Σ 2^(S' − max)·dP); saved-P: (0, 0, Σ P·dP).
+  const auto write_partials = [&](auto& acc, int t, int stage) {
+    Tensor acc_rc = make_tensor(acc.data(), rowcol(acc.layout()));                        // (rows, cols)
+    Tensor tSsdP = thr_s.partition_C(sdP(_, _, stage));
+    Tensor tSsdP_rc = make_tensor(tSsdP.data(), rowcol(tSsdP.layout()));                 // (rows, cols)
+    Tensor tSsP = thr_s.partition_C(sP(_, _, stage));
+    Tensor tSsP_rc = make_tensor(tSsP.data(), rowcol(tSsP.layout()));                    // (rows, cols)
+    const int64_t m0 = row0_of(t);
+    CUTE_UNROLL
+    for (int ri = 0; ri < kRows; ++ri) {
+      const int r = get<0>(tScS_rc(ri, 0));
+      const int limit = col_limit(m0, r);
+      float mx = -INFINITY, sum = 0.0f, dot = 0.0f;
+      if constexpr (kSavedP) {
+        CUTE_UNROLL
+        for (int ci = 0; ci < kCols; ci += 2) {
+          const int c = get<1>(tScS_rc(ri, ci));
+          const float2 pv = load_shared_pair(tSsP_rc(ri, ci)), dpv = load_shared_pair(tSsdP_rc(ri, ci));
+          if (c < limit) dot += pv.x * dpv.x;
+          if (c + 1 < limit) dot += pv.y * dpv.y;
+        }
+        dot = quad_sum<kQuad>(dot);
+        mx = 0.0f;
+      } else {
+        CUTE_UNROLL
+        for (int ci = 0; ci < kCols; ++ci) {
+          if (get<1>(tScS_rc(ri, ci)) < limit) mx = fmaxf(mx, acc_rc(ri, ci) * scale_log2);
+        }
+        mx = quad_max<kQuad>(mx);
+        if (mx != -INFINITY) {
+          CUTE_UNROLL
+          for (int ci = 0; ci < kCols; ci += 2) {
+            const int c = get<1>(tScS_rc(ri, ci));
+            const float2 dpv = load_shared_pair(tSsdP_rc(ri, ci));
+            const float e0 = c < limit ? exp2f(acc_rc(ri, ci) * scale_log2 - mx) : 0.0f;
+            const float e1 = c + 1 < limit ? exp2f(acc_rc(ri, ci + 1) * scale_log2 - mx) : 0.0f;
+            sum += e0 + e1;
+            dot += (c < limit ? e0 * dpv.x : 0.0f) + (c + 1 < limit ? e1 * dpv.y : 0.0f);  // masked dP: never used
+          }
+        }
+        sum = quad_sum<kQuad>(sum);
+        dot = quad_sum<kQuad>(dot);
+      }
+      if (tid % kQuad == 0) st.stats[t % Cfg::kStatSlots][wg][r] = make_float4(mx, sum, dot, 0.0f);
+    }
+  };
+
+  // A step without live elements here contributes nothing: (−inf, 0, 0).
+  const auto write_empty_partials = [&](int t) {
+    CUTE_UNROLL
+    for (int ri = 0; ri < kRows; ++ri) {
+      const int r = get<0>(tScS_rc(ri, 0));
+      if (tid % kQuad == 0) st.stats[t % Cfg::kStatSlots][wg][r] = make_float4(kSavedP ? 0.0f : -INFINITY, 0.0f, 0.0f, 0.0f);
+    }
+  };
+
+  // The cluster's statistics of step t for this thread's rows: log2-domain LSE and D.
+  float lse2[kRows], delta[kRows];
+  const auto combine = [&](int t) {
+    const int slot = int(t % Cfg::kStatSlots);
+    CUTE_UNROLL
+    for (int ri = 0; ri < kRows; ++ri) {
+      const int r = get<0>(tScS_rc(ri, 0));
+      // Lane q of the quad folds the partials of CTAs q, q + 4, …; the quad then merges its four results.
+      constexpr int kPerLane = (Cfg::kMaxCluster + kQuad - 1) / kQuad;
+      const int lane_q = tid % kQuad;
+      float4 part[kPerLane][Cfg::kWarpgroups];
+      CUTE_UNROLL
+      for (int j = 0; j < kPerLane; ++j) {
+        const int c = lane_q + kQuad * j;
+        CUTE_UNROLL
+        for (int w = 0; w < Cfg::kWarpgroups; ++w) {
+          part[j][w] = c < cluster ? load_cluster_f4(cluster_addr(smem_addr(&st.stats[slot][w][r]), uint32_t(c)))
+                                   : make_float4(kSavedP ? 0.0f : -INFINITY, 0.0f, 0.0f, 0.0f);
+        }
+      }
+      float mx = -INFINITY, sum = 0.0f, dot = 0.0f;
+      if constexpr (kSavedP) {
+        CUTE_UNROLL
+        for (int j = 0; j < kPerLane; ++j) {
+          CUTE_UNROLL
+          for (int w = 0; w < Cfg::kWarpgroups; ++w) dot += part[j][w].z;
+        }
+        dot = quad_sum<kQuad>(dot);
+      } else {
+        CUTE_UNROLL
+        for (int j = 0; j < kPerLane; ++j) {
+          CUTE_UNROLL
+          for (int w = 0; w < Cfg::kWarpgroups; ++w) mx = fmaxf(mx, part[j][w].x);
+        }
+        mx = quad_max<kQuad>(mx);
+        if (mx != -INFINITY) {
+          CUTE_UNROLL
+          for (int j = 0; j < kPerLane; ++j) {
+            CUTE_UNROLL
+            for (int w = 0; w < Cfg::kWarpgroups; ++w) {
+              const float e = exp2f(part[j][w].x - mx);  // an empty partial (−inf) weighs 0
+              sum += part[j][w].y * e;
+              dot += part[j][w].z * e;
+            }
+          }
+        }
+        sum = quad_sum<kQuad>(sum);
+        dot = quad_sum<kQuad>(dot);
+      }
+      if constexpr (kSavedP) {
+        lse2[ri] = 0.0f;
+        delta[ri] = dot;
+      } else {
+        const bool any = mx != -INFINITY;
+        lse2[ri] = any ? mx + log2f(sum) : INFINITY;
+        delta[ri] = any ? dot / sum : 0.0f;
+      }
+    }
+  };
+
+  // dQ of step t, this CTA's slice of head dimensions: the sum of the partials of the CTAs that had live
+  // columns, read from their shared memory, scaled and stored.
+  const auto reduce_dq = [&](int t) {
+    const int slot = int(t % Cfg::kDqSlots);
+    const int64_t m0 = row0_of(t), h = head_of(t), end = step_end(t);
+    const int quads = dq_slice / 4;
+    Element* dq = static_cast<Element*>(dq_op.ptr);
+    for (int i = tid; i < kBlockM * quads; i += Cfg::kThreads) {
+      const int r = i / quads, d = int(rank) * dq_slice + 4 * (i % quads);
+      const uint32_t local = smem_addr(&st.dq[slot][r * Cfg::kDqRow + d]);
+      float4 part[Cfg::kMaxCluster];
+      CUTE_UNROLL
+      for (int c = 0; c < Cfg::kMaxCluster; ++c) {
+        part[c] = c < cluster && int64_t(c) * kBlockN < end ? load_cluster_f4(cluster_addr(local, uint32_t(c)))
+                                                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+      float4 sum = part[0];
+      CUTE_UNROLL
+      for (int c = 1; c < Cfg::kMaxCluster; ++c) {
+        sum.x += part[c].x;
+        sum.y += part[c].y;
+        sum.z += part[c].z;
+        sum.w += part[c].w;
+      }
+      if (m0 + r < Sq) {
+        Element* out = dq + dq_op.offset(b, h, m0 + r, d);
+        out[0] = Element(sum.x * scale);
+        out[1] = Element(sum.y * scale);
+        out[2] = Element(sum.z * scale);
+        out[3] = Element(sum.w * scale);
+      }
+    }
+  };
+
+  if (has_columns) Barrier::wait(&st.k_full, 0);
+
+  // Step 0's statistics.
+  int consumed = 0;  // live steps finished: the stage of the next live step is consumed % kStages
+  {
+    const bool l0 = steps > 0 && live(0);
+    if (l0) {
+      Barrier::wait(&st.stage_full[0], 0);
+      if constexpr (!kSavedP) warpgroup_gemm<true>(mma_s, sQ(_, _, 0), sK, tSrS);
+      write_partials(tSrS, 0, 0);
+    } else {
+      write_empty_partials(0);
+    }
+  }
+  cluster_arrive_ordered();
+
+  for (int t = 0; t < steps; ++t) {
+    const bool live_t = live(t);
+    const bool live_n = t + 1 < steps && live(t + 1);
+    const int stage = int(consumed % kStages);
+    const int next_index = consumed + (live_t ? 1 : 0);
+    const int stage_n = int(next_index % kStages);
+    // S of step t + 1 is issued unconditionally (straight-line wgmma keeps ptxas from serialising them);
+    // without a live step t + 1 it multiplies stale tiles and its result is never read.
+    if (live_n) Barrier::wait(&st.stage_full[stage_n], uint32_t((next_index / kStages) & 1));
+    if constexpr (!kSavedP) warpgroup_gemm<true, false>(mma_s, sQ(_, _, stage_n), sK, tSrSn);
+    cluster_wait_ordered();  // phase t: statistics of step t and the dQ partials of step t − 1, everywhere
+    if (t >= 1) reduce_dq(t - 1);
+
+    // Statistics of step t + 1 (its S product done), then phase t + 1.
+    const auto next_partials = [&] {
+      if (live_n) {
+        write_partials(tSrSn, t + 1, stage_n);
+      } else if (t + 1 < steps) {
+        write_empty_partials(t + 1);
+      }
+      cluster_arrive_ordered();  // phase t + 1
+    };
+    if (live_t) {
+      combine(t);
+      Tensor tSrS_rc = make_tensor(tSrS.data(), rowcol(tSrS.layout()));                 // (rows, cols)
+      Tensor tSsdP = thr_s.partition_C(sdP(_, _, stage));
+      Tensor tSsdP_rc = make_tensor(tSsdP.data(), rowcol(tSsdP.layout()));             // (rows, cols)
+      Tensor tSsP = thr_s.partition_C(sP(_, _, stage));
+      Tensor tSsP_rc = make_tensor(tSsP.data(), rowcol(tSsP.layout()));                // (rows, cols)
+      const int64_t m0 = row0_of(t);
+      CUTE_UNROLL
+      for (int ri = 0; ri < kRows; ++ri) {
+        const int limit = col_limit(m0, get<0>(tScS_rc(ri, 0)));
+        CUTE_UNROLL
+        for (int ci = 0; ci < kCols; ci += 2) {
+          const int c = get<1>(tScS_rc(ri, ci));
+          const float2 dpv = load_shared_pair(tSsdP_rc(ri, ci));
+          float2 pv;
+          if constexpr (kSavedP) {
+            pv = load_shared_pair(tSsP_rc(ri, ci));
+          } else {
+            pv = make_float2(exp2f(tSrS_rc(ri, ci) * scale_log2 - lse2[ri]), exp2f(tSrS_rc(ri, ci + 1) * scale_log2 - lse2[ri]));
+          }
+          const float ds0 = c < limit ? pv.x * (dpv.x - delta[ri]) : 0.0f;
+          const float ds1 = c + 1 < limit ? pv.y * (dpv.y - delta[ri]) : 0.0f;
+          store_shared_pair(tdSsdS_rc(ri, ci), ds0, ds1);
+        }
+      }
+      cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
+      __syncthreads();
+      Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<BM, HD>{});  // (MMA, MMA_M, MMA_D) fp32
+      warpgroup_gemm<true, false>(mma_dq, sdS, sKt, tdQrdQ);
+      warpgroup_gemm<false, false>(mma_dk, sdSt, sQt(_, _, stage), tdKrdK);
+      warpgroup_wait<1>();  // S of step t + 1 and dQ of step t are done, dK of step t runs on
+      warpgroup_fence_operand(tSrSn);
+      warpgroup_fence_operand(tdQrdQ);
+      // This CTA's dQ partial, (rows, d) in its own shared memory; the owners of the head dimensions read it.
+      const uint32_t slot_addr = smem_addr(st.dq[t % Cfg::kDqSlots]);
+      CUTE_UNROLL
+      for (int i = 0; i < size(tdQrdQ); i += 2) {  // a wgmma accumulator holds pairs of adjacent columns
+        const int r = get<0>(tdQcdQ(i)), d = get<1>(tdQcdQ(i));
+        store_shared_f2(slot_addr + uint32_t(r * Cfg::kDqRow + d) * uint32_t(sizeof(float)), tdQrdQ(i), tdQrdQ(i + 1));
+      }
+      next_partials();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tdKrdK);
+      __syncthreads();  // the stage and sdS are free
+      ++consumed;
+      if (tid == 0) produce(consumed);
+    } else {
+      if constexpr (!kSavedP) {
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tSrSn);
+      }
+      next_partials();
+    }
+    if constexpr (!kSavedP) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(tSrS); ++i) tSrS(i) = tSrSn(i);
+    }
+  }
+
+  cluster_wait_ordered();  // phase steps
+  if (steps >= 1) reduce_dq(steps - 1);
+  cluster_arrive_ordered();
+  cluster_wait_ordered();  // phase steps + 1: every remote access of this CTA's shared memory is done
+
+  // dK = scale · Σ dSᵀ Q
+  Tensor tdKcdK = mma_dk.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<BN, HD>{}));  // (c, d)
+  Element* dk = static_cast<Element*>(dk_op.ptr);
+  CUTE_UNROLL
+  for (int i = 0; i < size(tdKrdK); ++i) {
+    const int64_t col = n0 + get<0>(tdKcdK(i));
+    if (col < Sk) dk[dk_op.offset(b, kv_head, col, get<1>(tdKcdK(i)))] = Element(tdKrdK(i) * scale);
+  }
+}
+
+}  // namespace qksoftmax::cuda::sm90

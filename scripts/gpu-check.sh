@@ -110,14 +110,17 @@ if has_stage sass; then
 fi
 
 if has_stage profile; then
+  # Full ncu sets with source-level stall sampling of the Hopper backward kernels; the reports come back in
+  # $OUT (open with ncu-ui or `ncu --import`), their details and the hottest SASS lines as text in the logs.
   bench_bin=$(find $BUILD -name qksoftmax-bench -type f | head -1)
   for mode in recompute saved_p; do
-    run_logged "ncu-$mode" ncu --clock-control none -k 'regex:fused_backward|colpass|rowstats|convert_dq' --launch-count 4 \
-      --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-      --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats \
+    run_logged "ncu-$mode" ncu --clock-control none --set full --import-source yes \
+      -k 'regex:fused_backward|colpass|rowstats|convert_dq' --launch-count 2 -f -o "$OUT/ncu-$mode" \
       "$bench_bin" --case "$PROFILE_CASE" --mode $mode --impl qksoftmax --runs 20 --warmup 3
+    ncu --import "$OUT/ncu-$mode.ncu-rep" --page details --print-details all > "$LOGS/ncu-$mode-details.log" 2>&1
+    ncu --import "$OUT/ncu-$mode.ncu-rep" --page source --print-source sass --csv > "$LOGS/ncu-$mode-sass.csv" 2>&1
   done
-  record profile info "$(grep -cE '^  [a-z_:]+.*\(' "$LOGS/ncu-recompute.log" 2>/dev/null) kernel reports, logs/ncu-*.log"
+  record profile info "$(grep -c 'Section: GPU Speed Of Light' "$LOGS/ncu-recompute-details.log" 2>/dev/null) kernel reports, ncu-*.ncu-rep"
 fi
 
 if has_stage pytest; then

@@ -7,16 +7,17 @@
 //   S = Q Kᵀ over its columns (recompute) → per-row partial statistics (max, Σe, Σe·dP; saved-P: Σ P·dP)
 //   → exchanged across the cluster (each CTA reads every CTA's partials through distributed shared memory)
 //   → LSE and D of the whole row → P, dS = P ∘ (dP − D) → dK += dSᵀ Q, dQ partial = dS K
-//   → the dQ partial is reduced into the CTA that owns its slice of head dimensions (distributed shared
-//     memory atomics); two row blocks later that owner scales its slice and stores it.
+//   → the dQ partial stays in the CTA's shared memory; one step later the CTA owning each slice of head
+//     dimensions reads the partials of every CTA with live columns, sums, scales and stores its slice.
 // So dP (and P) cross HBM once and there are three GEMMs per live element in recompute mode (two in saved-P):
 // the ceilings of the SOL model. The exchange of row block t + 1's statistics is in flight while row block
-// t's products run: the cluster barrier is split (arrive after writing, wait one step later).
+// t's products run: the cluster barrier is split (arrive after writing, wait one step later). Float atomics
+// on (distributed) shared memory would be compare-and-swap loops, hence the reads.
 //
 // Cluster barrier protocol, phase t (all threads of all CTAs arrive once and wait once per phase):
-//   arrive(t) follows the writes of statistics(t) and the dQ atomics of row block t − 1;
-//   wait(t)   precedes the reads of statistics(t) and the conversion of row block t − 2.
-// Hence 2 statistics slots and 3 dQ slots suffice (slot reuse is separated by a completed phase), and every
+//   arrive(t) follows the writes of statistics(t) and of the dQ partials of step t − 1;
+//   wait(t)   precedes the reads of statistics(t) and of the dQ partials of step t − 1.
+// A CTA rewrites a slot only after a later phase completed, so 2 statistics and 2 dQ slots suffice, and every
 // remote access of a CTA's shared memory is finished once phase steps + 1 completes.
 #pragma once
 

@@ -10,6 +10,13 @@ Impls (CONTRACT.md section 6 names them):
                                   inputs are recompute mode's (Q, K, dP); autograd keeps P from the forward
                                   graph rather than recomputing it, so it is the usual training-time peer of
                                   recompute mode.
+End to end (mode forward_backward, issue 6): the score block of a training step, forward then backward,
+timed as one call — p from (Q, K), then torch.autograd.grad(p, (Q, K), grad_outputs=dP):
+  torch_eager     the forward graph softmax(masked_fill(Q Kᵀ · scale)) and autograd through it;
+  torch_compile   torch.compile of that forward (AOTAutograd compiles its backward too);
+  qksoftmax_op    qksoftmax.attention_probs (fused forward, fused recompute backward: save="lse");
+  qksoftmax_op_p  the same with save="p" (saved-P backward).
+Its SOL time is the forward's plus recompute mode's (the least work of the pair).
 Timing (as the CLI's): CUDA events between calls issued back to back, warm-ups first, median of the timed
 calls, inputs rotated over k sets with k = max(2, 1 + ceil(3 · L2 / SOL bytes per call)) (1 when k sets do not
 fit and one call moves ≥ 3 · L2). SOL time uses the same model and the ceilings found in the JSON (measured
@@ -39,7 +46,11 @@ SUITES = {
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 THRESHOLDS = {"bf16": 1e-2, "fp16": 2e-3, "fp32": 1e-5}
 IMPLS = {"eager": ("torch_eager", "saved_p"), "compile": ("torch_compile", "saved_p"),
-         "autograd": ("torch_autograd", "recompute")}
+         "autograd": ("torch_autograd", "recompute"),
+         "eager_fwd_bwd": ("torch_eager", "forward_backward"), "compile_fwd_bwd": ("torch_compile", "forward_backward"),
+         "qksoftmax_fwd_bwd": ("qksoftmax_op", "forward_backward"),
+         "qksoftmax_p_fwd_bwd": ("qksoftmax_op_p", "forward_backward")}
+FWD_BWD = "forward_backward"
 LSE_BYTES_PER_ROW = 4
 L2_MULTIPLE = 3
 MIN_COPIES, MAX_COPIES = 2, 1024
@@ -68,13 +79,26 @@ def sol_cost(shape, mode, dtype, causal):
         return 2 * live * e + 4 * qk, 2 * gemm
     if mode == "recompute":
         return live * e + 4 * qk, 3 * gemm
+    if mode == "forward":
+        return B * H * S * S * e + 2 * qk + B * H * S * LSE_BYTES_PER_ROW, gemm
+    if mode == FWD_BWD:  # two parts, each with its own bound: their SOL times add (sol_us)
+        return sol_cost(shape, "forward", dtype, causal), sol_cost(shape, "recompute", dtype, causal)
     raise ValueError(mode)
 
 
 def sol_us(cost, dtype, ceilings):
+    if isinstance(cost[0], tuple):
+        return sum(sol_us(part, dtype, ceilings) for part in cost)
     bytes_, flops = cost
     rate = {"bf16": ceilings["bf16_TFLOPs"], "fp16": ceilings["fp16_TFLOPs"], "fp32": ceilings["tf32_TFLOPs"]}[dtype]
     return max(bytes_ / (ceilings["copy_GBps"] * 1e9), flops / (rate * 1e12)) * 1e6
+
+
+def total_cost(cost):
+    """(bytes, flops) of a cost, its parts summed."""
+    if isinstance(cost[0], tuple):
+        return tuple(sum(part[i] for part in cost) for i in range(2))
+    return cost
 
 
 # ---- timing -------------------------------------------------------------------------------------------------
@@ -137,15 +161,35 @@ def saved_p_chain(p, dp, q, k, scale):
     return ds @ k, ds.transpose(-1, -2) @ q
 
 
+def forward_backward(forward, q, k, dp):
+    """The score block of a training step: p = forward(q, k), then the gradients of (q, k) for dp."""
+    return torch.autograd.grad(forward(q, k), (q, k), grad_outputs=dp)
+
+
+def fwd_bwd_forward(impl, scale, mask):
+    """The forward of an end-to-end impl, as a function of (q, k)."""
+    if impl in ("qksoftmax_op", "qksoftmax_op_p"):
+        import qksoftmax  # only here: the other peers need no build of the library
+
+        save = "p" if impl == "qksoftmax_op_p" else "lse"
+        return lambda q, k: qksoftmax.attention_probs(q, k, scale=scale, causal=mask is not None, save=save)
+    forward = lambda q, k: masked_probabilities(q, k, scale, mask)  # noqa: E731
+    if impl == "torch_compile":
+        torch._dynamo.reset()
+        return torch.compile(forward, dynamic=False)
+    return forward
+
+
 class Case:
     """The inputs of one case (k rotation sets) and the call of one peer on a set."""
 
-    def __init__(self, impl, shape, dtype, causal, copies, generator):
+    def __init__(self, impl, mode, shape, dtype, causal, copies, generator):
         B, H, S, D = shape
         self.impl, self.scale = impl, 1.0 / math.sqrt(D)
         self.mask = torch.ones(S, S, dtype=torch.bool, device="cuda").triu(1) if causal else None
         self.compiled = None
-        if impl == "torch_compile":
+        self.forward = fwd_bwd_forward(impl, self.scale, self.mask) if mode == FWD_BWD else None
+        if self.forward is None and impl == "torch_compile":
             torch._dynamo.reset()
             self.compiled = torch.compile(saved_p_chain, dynamic=False)
         self.sets = []
@@ -154,6 +198,9 @@ class Case:
                 return torch.randn(*size, device="cuda", dtype=DTYPES[dtype], generator=generator)
 
             q, k, dp = randn(B, H, S, D), randn(B, H, S, D), randn(B, H, S, S)
+            if self.forward is not None:
+                self.sets.append((q.requires_grad_(True), k.requires_grad_(True), dp, None))
+                continue
             if impl == "torch_autograd":
                 q.requires_grad_(True)
                 k.requires_grad_(True)
@@ -168,6 +215,8 @@ class Case:
 
     def call(self, s):
         q, k, dp, p = s
+        if self.forward is not None:
+            return forward_backward(self.forward, q, k, dp)
         if self.impl == "torch_autograd":
             return torch.autograd.grad(p, (q, k), grad_outputs=dp, retain_graph=True)
         with torch.no_grad():
@@ -179,7 +228,7 @@ class Case:
         dq, dk = self.call(self.sets[0])
         with torch.no_grad():
             q64, k64, dp64 = (t[-1, -1].double() for t in (q, k, dp))
-            p64 = (masked_probabilities(q64, k64, self.scale, self.mask) if self.impl == "torch_autograd"
+            p64 = (masked_probabilities(q64, k64, self.scale, self.mask) if p is None or self.impl == "torch_autograd"
                    else p[-1, -1].double())
             ref_dq, ref_dk = saved_p_chain(p64, dp64, q64, k64, self.scale)
             return {name: ((out[-1, -1].double() - ref).norm() / ref.norm()).item()
@@ -188,15 +237,16 @@ class Case:
 
 def run_case(impl, mode, shape, dtype, causal, args, ceilings, generator):
     cost = sol_cost(shape, mode, dtype, causal)
+    bytes_, flops = total_cost(cost)
     entry = dict(zip("BHSD", shape))
-    entry.update(us=None, sol_us=sol_us(cost, dtype, ceilings), sol_pct=None, bytes=cost[0], flops=cost[1],
+    entry.update(us=None, sol_us=sol_us(cost, dtype, ceilings), sol_pct=None, bytes=bytes_, flops=flops,
                  copies=0, err={}, error=None)
     B, H, S, D = shape
     e = torch.tensor([], dtype=DTYPES[dtype]).element_size()
     dense = B * H * S * S * e
     try:
-        entry["copies"] = plan_copies(cost[0], 2 * dense + 2 * B * H * S * D * e, 3 * dense)
-        case = Case(impl, shape, dtype, causal, entry["copies"], generator)
+        entry["copies"] = plan_copies(bytes_, 2 * dense + 2 * B * H * S * D * e, 3 * dense)
+        case = Case(impl, mode, shape, dtype, causal, entry["copies"], generator)
         entry["err"] = case.errors()
         bad = [f"{n} {v:.2e} > {THRESHOLDS[dtype]:.2e}" for n, v in entry["err"].items()
                if not v <= THRESHOLDS[dtype]]

@@ -23,7 +23,7 @@ SMOKE_FILTER=${SMOKE_FILTER:-'*GpuVsCpu*S520x520_D128*:*GpuVsCpu*S1024x1024_D128
 # ncu: the Hopper kernels of one large seed16 case in each backward mode.
 PROFILE_CASE=${PROFILE_CASE:-"4,128,1024,128"}
 BENCH_ARGS=${BENCH_ARGS:-"--suite all --mode all --dtype bf16"}
-PEER_ARGS=${PEER_ARGS:-"--suite seed16 --dtype bf16"}
+PEER_ARGS=${PEER_ARGS:-"--suite seed16 --dtype bf16 --impl eager,compile,autograd,eager_fwd_bwd,compile_fwd_bwd,qksoftmax_fwd_bwd,qksoftmax_p_fwd_bwd"}
 BUILD=build/gpu
 LOGS=$OUT/logs
 mkdir -p "$LOGS"
@@ -84,7 +84,7 @@ if has_stage bench; then
 fi
 
 if has_stage peers; then
-  if run_logged peers python3 bench/torch_peers.py --json "$OUT/h200.json" $PEER_ARGS; then
+  if PYTHONPATH=python run_logged peers python3 bench/torch_peers.py --json "$OUT/h200.json" $PEER_ARGS; then
     record peers ok ""
   else
     record peers FAIL "see logs/peers.log"

@@ -23,11 +23,13 @@ constexpr int64_t kTmaAlignmentBytes = 16;
 constexpr int64_t kTmaStrideLimitBytes = int64_t(1) << 40;  // cuTensorMapEncodeTiled: strides below 2^40 bytes
 constexpr int64_t kSm90HeadDim = 128;
 
-// Shapes the Hopper backward covers, whatever the pointers: the workspace size depends on this only.
-bool sm90_shape(const Problem& prob) {
-  return prob.pass == Pass::kBackward && prob.dtype != DType::kFloat32 && prob.D == kSm90HeadDim &&
-         !prob.deterministic;
+// Backward shapes of the Hopper kernels, whatever the pointers.
+bool sm90_backward_shape(const Problem& prob) {
+  return prob.pass == Pass::kBackward && prob.dtype != DType::kFloat32 && prob.D == kSm90HeadDim;
 }
+// The shapes the two-pass Hopper backward may take (its dQ atomics reorder sums: not when deterministic);
+// the workspace size depends on this only.
+bool sm90_shape(const Problem& prob) { return sm90_backward_shape(prob) && !prob.deterministic; }
 
 // TMA needs a 16-byte aligned base and strides that are positive multiples of 16 bytes below 2^40 bytes
 // (a broadcast, stride-0 dimension takes the generic path).
@@ -48,11 +50,19 @@ bool on_hopper() {
          major == kHopperMajor;
 }
 
-bool sm90_eligible(const Problem& prob) {
+bool sm90_tma_ready(const Problem& prob) {
   const size_t e = dtype_size(prob.dtype);
-  return sm90_shape(prob) && tma_compatible(prob.q, e) && tma_compatible(prob.k, e) && tma_compatible(prob.dp, e) &&
-         (!prob.p.present() || tma_compatible(prob.p, e));
+  return sm90_backward_shape(prob) && tma_compatible(prob.q, e) && tma_compatible(prob.k, e) &&
+         tma_compatible(prob.dp, e) && (!prob.p.present() || tma_compatible(prob.p, e));
 }
+
+// The fused backward sums in a fixed order (no atomics): it serves deterministic calls too.
+bool sm90_fused_eligible(const Problem& prob) {
+  const bool saved_p = prob.mode == BackwardMode::kSavedP;
+  return sm90_tma_ready(prob) && prob.Sk <= (saved_p ? kSm90FusedMaxSk : kSm90FusedRecomputeMaxSk);
+}
+
+bool sm90_eligible(const Problem& prob) { return sm90_tma_ready(prob) && !prob.deterministic; }
 
 }  // namespace
 
@@ -88,8 +98,8 @@ Status run(const Problem& prob, void* workspace, CUstream_st* stream) {
   if (!on_hopper()) {
     return {Code::kUnsupported, "q: the CUDA backend is built for Hopper (sm_90a) only; use the CPU backend"};
   }
-  const bool saved_p = prob.mode == BackwardMode::kSavedP;
-  if (sm90_eligible(prob) && prob.Sk <= (saved_p ? kSm90FusedMaxSk : kSm90FusedRecomputeMaxSk)) {
+  if (sm90_fused_eligible(prob)) {
+    const bool saved_p = prob.mode == BackwardMode::kSavedP;
 #define QKSOFTMAX_DISPATCH_SM90_FUSED(T, HD, SAVED_P)                                   \
     if (prob.dtype == ElementTraits<T>::kDType && prob.D == HD && saved_p == SAVED_P) { \
       return run_sm90_fused<sm90::FusedConfig<T, HD, SAVED_P>>(prob, stream);          \

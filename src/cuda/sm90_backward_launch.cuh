@@ -3,6 +3,8 @@
 
 #include <cuda_runtime.h>
 
+#include <tuple>
+
 #include "cuda/generic_launch.cuh"
 #include "cuda/sm90_colpass.cuh"
 #include "cuda/sm90_rowstats.cuh"
@@ -25,6 +27,17 @@ auto tma_view(const Operand& op, int64_t rows, Cols cols, int64_t heads, int64_t
                      cute::make_stride(op.sr, cute::_1{}, op.sh, op.sb));
 }
 
+// The backward's inputs as TMA sees them: q, k, dp, and p (dp again when absent: its descriptor is then
+// built but never used).
+template <class Element, class HD>
+auto backward_views(const Problem& prob) {
+  return std::make_tuple(tma_view<Element>(prob.q, prob.Sq, HD{}, prob.Hq, prob.B),
+                         tma_view<Element>(prob.k, prob.Sk, HD{}, prob.Hk, prob.B),
+                         tma_view<Element>(prob.dp, prob.Sq, int32_t(prob.Sk), prob.Hq, prob.B),
+                         tma_view<Element>(prob.p.present() ? prob.p : prob.dp, prob.Sq, int32_t(prob.Sk), prob.Hq,
+                                           prob.B));
+}
+
 }  // namespace sm90
 
 template <class Cfg>
@@ -37,10 +50,7 @@ Status run_sm90_backward(const Problem& prob, void* workspace, CUstream_st* stre
 
   const generic::Params rows = generic_params(prob, workspace);
   float* dq_accum = reinterpret_cast<float*>(static_cast<char*>(workspace) + GenericWorkspace::of(prob).bytes(prob));
-  const auto q = sm90::tma_view<Element>(prob.q, prob.Sq, HD{}, prob.Hq, prob.B);
-  const auto k = sm90::tma_view<Element>(prob.k, prob.Sk, HD{}, prob.Hk, prob.B);
-  const auto dp = sm90::tma_view<Element>(prob.dp, prob.Sq, int32_t(prob.Sk), prob.Hq, prob.B);
-  const auto p = sm90::tma_view<Element>(prob.p.present() ? prob.p : prob.dp, prob.Sq, int32_t(prob.Sk), prob.Hq, prob.B);
+  const auto [q, k, dp, p] = sm90::backward_views<Element, HD>(prob);
   const typename Cfg::Params params{
       prob,
       make_tma_copy(SM90_TMA_LOAD{}, q, typename Cfg::SmemLayoutQ{}(_, _, 0)),

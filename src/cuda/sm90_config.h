@@ -15,6 +15,29 @@ namespace qksoftmax::cuda::sm90 {
 
 using namespace cute;
 
+// A TMA load of tiles (shared-memory layout SmemLayout) from a (rows, Cols, head, batch) global view with unit
+// stride along Cols: Cols = Int<D> for Q and K, int32_t for P and dP.
+template <class Element, class Cols, class SmemLayout>
+using TmaLoad = decltype(make_tma_copy(
+    SM90_TMA_LOAD{},
+    make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)), Shape<int32_t, Cols, int32_t, int32_t>{},
+                Stride<int64_t, _1, int64_t, int64_t>{}),
+    SmemLayout{}));
+
+// Reductions over the lanes that share the rows of a wgmma accumulator (a quad).
+template <int kLanes>
+__device__ inline float quad_max(float v) {
+  CUTE_UNROLL
+  for (int off = 1; off < kLanes; off *= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+template <int kLanes>
+__device__ inline float quad_sum(float v) {
+  CUTE_UNROLL
+  for (int off = 1; off < kLanes; off *= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
 template <class Element_, int kHeadDim_>
 struct Config {
   using Element = Element_;
@@ -50,19 +73,9 @@ struct Config {
   using MmadK = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<BN, HD, BM>, GMMA::Major::MN, GMMA::Major::MN>()));
 
-  // Global views as TMA sees them: (rows, d, head, batch) and (rows, cols, head, batch).
-  using ShapeRows = Shape<int32_t, HD, int32_t, int32_t>;
-  using ShapeProbs = Shape<int32_t, int32_t, int32_t, int32_t>;
-  using StrideT = Stride<int64_t, _1, int64_t, int64_t>;
-  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{},
-                                      make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)), ShapeRows{}, StrideT{}),
-                                      SmemLayoutQ{}(_, _, 0)));
-  using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{},
-                                      make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)), ShapeRows{}, StrideT{}),
-                                      SmemLayoutK{}));
-  using TmaP = decltype(make_tma_copy(SM90_TMA_LOAD{},
-                                      make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)), ShapeProbs{}, StrideT{}),
-                                      SmemLayoutP{}(_, _, 0)));
+  using TmaQ = TmaLoad<Element, HD, decltype(SmemLayoutQ{}(_, _, 0))>;
+  using TmaK = TmaLoad<Element, HD, SmemLayoutK>;
+  using TmaP = TmaLoad<Element, int32_t, decltype(SmemLayoutP{}(_, _, 0))>;
 
   using SmemLayoutKStaged = decltype(tile_to_shape(SmemAtom{}, Shape<BN, HD, ST>{}));  // (cols, d, stage)
 

@@ -26,7 +26,6 @@
 
 #include "cuda/sm90_config.h"
 #include "cuda/sm90_instances.h"
-#include "cuda/sm90_rowstats.cuh"
 
 namespace qksoftmax::cuda::sm90 {
 
@@ -80,18 +79,9 @@ struct FusedConfig {
       GMMA::ss_op_selector<Element, Element, float, Shape<Half, HD, BM>, GMMA::Major::MN, GMMA::Major::MN>(),
       Layout<Shape<Int<kWarpgroups>, _1, _1>>{}));
 
-  using ShapeRows = Shape<int32_t, HD, int32_t, int32_t>;
-  using ShapeProbs = Shape<int32_t, int32_t, int32_t, int32_t>;
-  using StrideT = Stride<int64_t, _1, int64_t, int64_t>;
-  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{},
-                                      make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)), ShapeRows{}, StrideT{}),
-                                      SmemLayoutQ{}(_, _, 0)));
-  using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{},
-                                      make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)), ShapeRows{}, StrideT{}),
-                                      SmemLayoutK{}));
-  using TmaP = decltype(make_tma_copy(SM90_TMA_LOAD{},
-                                      make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)), ShapeProbs{}, StrideT{}),
-                                      SmemLayoutP{}(_, _, 0)));
+  using TmaQ = TmaLoad<Element, HD, decltype(SmemLayoutQ{}(_, _, 0))>;
+  using TmaK = TmaLoad<Element, HD, SmemLayoutK>;
+  using TmaP = TmaLoad<Element, int32_t, decltype(SmemLayoutP{}(_, _, 0))>;
 
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
@@ -283,14 +273,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     return row < Sq ? int(min(max(col_end(row) - n0, int64_t(0)), int64_t(kBlockN))) : 0;
   };
 
+  // This thread's share of a (rows, cols) tile of stage `stage`, as (rows, cols).
+  const auto share_rc = [&](auto& tile, int stage) {
+    Tensor part = thr_s.partition_C(tile(_, _, stage));  // (MMA, MMA_M, MMA_N)
+    return make_tensor(part.data(), rowcol(part.layout()));
+  };
+
   // This warpgroup's partial statistics of step t over its 64 columns, written to slot t % kStatSlots.
   // Recompute: (max of S·scale·log2e, Σ 2^(S' − max), Σ 2^(S' − max)·dP); saved-P: (0, 0, Σ P·dP).
   const auto write_partials = [&](auto& acc, int t, int stage) {
-    Tensor acc_rc = make_tensor(acc.data(), rowcol(acc.layout()));                        // (rows, cols)
-    Tensor tSsdP = thr_s.partition_C(sdP(_, _, stage));
-    Tensor tSsdP_rc = make_tensor(tSsdP.data(), rowcol(tSsdP.layout()));                 // (rows, cols)
-    Tensor tSsP = thr_s.partition_C(sP(_, _, stage));
-    Tensor tSsP_rc = make_tensor(tSsP.data(), rowcol(tSsP.layout()));                    // (rows, cols)
+    Tensor acc_rc = make_tensor(acc.data(), rowcol(acc.layout()));  // (rows, cols)
+    Tensor tSsdP_rc = share_rc(sdP, stage);                          // (rows, cols)
+    Tensor tSsP_rc = share_rc(sP, stage);                            // (rows, cols)
     const int64_t m0 = row0_of(t);
     CUTE_UNROLL
     for (int ri = 0; ri < kRows; ++ri) {
@@ -438,9 +432,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   // Step 0's statistics.
   int consumed = 0;  // live steps finished: the stage of the next live step is consumed % kStages
+  bool live_n = steps > 0 && live(0);  // step 0's here; then, in the loop, the next step's
   {
-    const bool l0 = steps > 0 && live(0);
-    if (l0) {
+    if (live_n) {
       Barrier::wait(&st.stage_full[0], 0);
       if constexpr (!kSavedP) warpgroup_gemm<true>(mma_s, sQ(_, _, 0), sK, tSrS);
       write_partials(tSrS, 0, 0);
@@ -451,8 +445,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   cluster_arrive_ordered();
 
   for (int t = 0; t < steps; ++t) {
-    const bool live_t = live(t);
-    const bool live_n = t + 1 < steps && live(t + 1);
+    const bool live_t = live_n;
+    live_n = t + 1 < steps && live(t + 1);
     const int stage = int(consumed % kStages);
     const int next_index = consumed + (live_t ? 1 : 0);
     const int stage_n = int(next_index % kStages);
@@ -474,11 +468,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     };
     if (live_t) {
       combine(t);
-      Tensor tSrS_rc = make_tensor(tSrS.data(), rowcol(tSrS.layout()));                 // (rows, cols)
-      Tensor tSsdP = thr_s.partition_C(sdP(_, _, stage));
-      Tensor tSsdP_rc = make_tensor(tSsdP.data(), rowcol(tSsdP.layout()));             // (rows, cols)
-      Tensor tSsP = thr_s.partition_C(sP(_, _, stage));
-      Tensor tSsP_rc = make_tensor(tSsP.data(), rowcol(tSsP.layout()));                // (rows, cols)
+      Tensor tSrS_rc = make_tensor(tSrS.data(), rowcol(tSrS.layout()));  // (rows, cols)
+      Tensor tSsdP_rc = share_rc(sdP, stage);                            // (rows, cols)
+      Tensor tSsP_rc = share_rc(sP, stage);                              // (rows, cols)
       const int64_t m0 = row0_of(t);
       CUTE_UNROLL
       for (int ri = 0; ri < kRows; ++ri) {

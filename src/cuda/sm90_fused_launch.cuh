@@ -19,10 +19,7 @@ Status run_sm90_fused(const Problem& prob, CUstream_st* stream) {
   constexpr const char* kName = "sm90 fused backward";
 
   const int cluster = Cfg::cluster_for(prob.Sk);
-  const auto q = sm90::tma_view<Element>(prob.q, prob.Sq, HD{}, prob.Hq, prob.B);
-  const auto k = sm90::tma_view<Element>(prob.k, prob.Sk, HD{}, prob.Hk, prob.B);
-  const auto dp = sm90::tma_view<Element>(prob.dp, prob.Sq, int32_t(prob.Sk), prob.Hq, prob.B);
-  const auto p = sm90::tma_view<Element>(prob.p.present() ? prob.p : prob.dp, prob.Sq, int32_t(prob.Sk), prob.Hq, prob.B);
+  const auto [q, k, dp, p] = sm90::backward_views<Element, HD>(prob);
   const typename Cfg::Params params{
       prob,
       make_tma_copy(SM90_TMA_LOAD{}, q, typename Cfg::SmemLayoutQ{}(_, _, 0)),

@@ -12,19 +12,6 @@
 
 namespace qksoftmax::cuda::sm90 {
 
-template <int kLanes>
-__device__ inline float quad_max(float v) {
-  CUTE_UNROLL
-  for (int off = 1; off < kLanes; off *= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
-  return v;
-}
-template <int kLanes>
-__device__ inline float quad_sum(float v) {
-  CUTE_UNROLL
-  for (int off = 1; off < kLanes; off *= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
-}
-
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     rowstats_kernel(CUTE_GRID_CONSTANT const typename Cfg::Params params) {

@@ -50,6 +50,13 @@ bool on_hopper() {
          major == kHopperMajor;
 }
 
+// The fused forward: 16-bit, D = 128, q, k and p in TMA reach (P is stored by TMA).
+bool sm90_forward_eligible(const Problem& prob) {
+  const size_t e = dtype_size(prob.dtype);
+  return prob.pass == Pass::kForward && prob.dtype != DType::kFloat32 && prob.D == kSm90HeadDim &&
+         tma_compatible(prob.q, e) && tma_compatible(prob.k, e) && tma_compatible(prob.out_p, e);
+}
+
 bool sm90_tma_ready(const Problem& prob) {
   const size_t e = dtype_size(prob.dtype);
   return sm90_backward_shape(prob) && tma_compatible(prob.q, e) && tma_compatible(prob.k, e) &&
@@ -97,6 +104,14 @@ size_t workspace_size(const Problem& prob) {
 Status run(const Problem& prob, void* workspace, CUstream_st* stream) {
   if (!on_hopper()) {
     return {Code::kUnsupported, "q: the CUDA backend is built for Hopper (sm_90a) only; use the CPU backend"};
+  }
+  if (sm90_forward_eligible(prob)) {
+#define QKSOFTMAX_DISPATCH_SM90_FORWARD(T, HD)                                         \
+    if (prob.dtype == ElementTraits<T>::kDType && prob.D == HD) {                      \
+      return run_sm90_forward<sm90::ForwardConfig<T, HD>>(prob, stream);             \
+    }
+    QKSOFTMAX_SM90_CONFIGS(QKSOFTMAX_DISPATCH_SM90_FORWARD)
+#undef QKSOFTMAX_DISPATCH_SM90_FORWARD
   }
   if (sm90_fused_eligible(prob)) {
     const bool saved_p = prob.mode == BackwardMode::kSavedP;

@@ -151,4 +151,43 @@ __device__ void warpgroup_gemm(Mma& mma, const TA& sA, const TB& sB, Acc& acc) {
   }
 }
 
+// Shared-memory accesses spelled out: the compiler cannot always prove that a pointer into the dynamic
+// shared memory is one, and then emits generic accesses (and, for float atomics, compare-and-swap loops).
+__device__ inline uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+// The address of the same shared-memory location in CTA `rank` of the cluster.
+__device__ inline uint32_t cluster_addr(uint32_t local, uint32_t rank) {
+  uint32_t out;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(local), "r"(rank));
+  return out;
+}
+// Loads are volatile (kept after the barrier that made their data visible) but clobber nothing, so that the
+// compiler keeps values it already has in registers.
+__device__ inline float4 load_cluster_f4(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
+  return v;
+}
+// The split cluster barrier, ordered with every memory access around it (release on arrive, acquire on wait).
+__device__ inline void cluster_arrive_ordered() { asm volatile("barrier.cluster.arrive.release.aligned;" : : : "memory"); }
+__device__ inline void cluster_wait_ordered() { asm volatile("barrier.cluster.wait.acquire.aligned;" : : : "memory"); }
+__device__ inline void store_shared_f2(uint32_t addr, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" : : "r"(addr), "f"(x), "f"(y) : "memory");
+}
+// A 16-bit element of shared memory, widened to float.
+// Two adjacent 16-bit elements of shared memory (a wgmma accumulator's column pair), widened to float.
+template <class Element>
+__device__ inline float2 load_shared_pair(const Element& e) {
+  uint32_t bits;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(bits) : "r"(smem_addr(&e)));
+  const Element* x = reinterpret_cast<const Element*>(&bits);
+  return make_float2(float(x[0]), float(x[1]));
+}
+template <class Element>
+__device__ inline void store_shared_pair(Element& e, float v0, float v1) {
+  Element x[2] = {Element(v0), Element(v1)};
+  asm volatile("st.shared.b32 [%0], %1;" : : "r"(smem_addr(&e)), "r"(reinterpret_cast<const uint32_t&>(x)) : "memory");
+}
+
 }  // namespace qksoftmax::cuda::sm90

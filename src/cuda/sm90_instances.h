@@ -15,12 +15,16 @@ template <class Element_, int kHeadDim_>
 struct Config;
 template <class Element_, int kHeadDim_, bool kSavedP_>
 struct FusedConfig;
+template <class Element_, int kHeadDim_>
+struct ForwardConfig;
 }  // namespace sm90
 
 template <class Cfg>
 Status run_sm90_backward(const Problem& prob, void* workspace, CUstream_st* stream);
 template <class Cfg>
 Status run_sm90_fused(const Problem& prob, CUstream_st* stream);
+template <class Cfg>
+Status run_sm90_forward(const Problem& prob, CUstream_st* stream);
 
 #define QKSOFTMAX_SM90_CONFIGS(X) \
   X(cutlass::bfloat16_t, 128)     \
@@ -49,5 +53,12 @@ inline constexpr int64_t kSm90FusedRecomputeMaxSk = 512;
   extern template Status run_sm90_fused<sm90::FusedConfig<T, HD, SAVED_P>>(const Problem&, CUstream_st*);
 QKSOFTMAX_SM90_FUSED_CONFIGS(QKSOFTMAX_DECLARE_SM90_FUSED)
 #undef QKSOFTMAX_DECLARE_SM90_FUSED
+
+// The fused forward: one instantiation per dtype and head dimension (the configurations of the two-pass
+// backward).
+#define QKSOFTMAX_DECLARE_SM90_FORWARD(T, HD) \
+  extern template Status run_sm90_forward<sm90::ForwardConfig<T, HD>>(const Problem&, CUstream_st*);
+QKSOFTMAX_SM90_CONFIGS(QKSOFTMAX_DECLARE_SM90_FORWARD)
+#undef QKSOFTMAX_DECLARE_SM90_FORWARD
 
 }  // namespace qksoftmax::cuda

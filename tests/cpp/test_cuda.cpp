@@ -193,9 +193,13 @@ TEST_P(GpuDeterminism, TwoRunsBitwiseEqual) {
 INSTANTIATE_TEST_SUITE_P(Modes, GpuDeterminism, ::testing::ValuesIn(kAllVariants),
                          variant_param_name);
 
-// The forward without the optional lse output.
-TEST_F(GpuTest, ForwardWithoutLse) {
-  const Case c{.B = 2, .Hq = 4, .Hk = 2, .Sq = 129, .Sk = 129, .D = 128};
+// The forward without the optional lse output: on the generic path (S = 129) and the Hopper path (S = 136,
+// 16-byte aligned rows).
+class GpuForwardWithoutLse : public GpuTest, public ::testing::WithParamInterface<int64_t> {};
+
+TEST_P(GpuForwardWithoutLse, MatchesReference) {
+  const int64_t len = GetParam();
+  const Case c{.B = 2, .Hq = 4, .Hk = 2, .Sq = len, .Sk = len, .D = 128};
   const Inputs in = make_inputs(c, test_seed());
   Outputs gpu(c, c.dtype, c.layout);
   const Stream stream;
@@ -207,6 +211,8 @@ TEST_F(GpuTest, ForwardWithoutLse) {
   ASSERT_TRUE(p.download(gpu.p).ok());
   expect_close("p", gpu.p, cpu_reference(c, in).p.values(), contract_tolerance(c.dtype));
 }
+
+INSTANTIATE_TEST_SUITE_P(Lengths, GpuForwardWithoutLse, ::testing::Values(129, 136));
 
 // A contiguous device tensor's descriptor, for buffers too large to mirror on the host.
 TensorDesc contiguous_device_desc(void* data, DType dtype, const std::vector<int64_t>& shape) {

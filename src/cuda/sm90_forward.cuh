@@ -149,11 +149,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   {
     Element* p = static_cast<Element*>(p_op.ptr);
     constexpr int kVec = Cfg::kZeroVector, kChunks = kBlockN / kVec;
-    const int rows = int(min(int64_t(kBlockM), Sq - m0));
-    const int chunks = (col_blocks - live_blocks) * kChunks;
-    for (int i = tid; i < rows * chunks; i += Cfg::kThreads) {
-      const int r = i / chunks;
-      const int64_t col = int64_t(live_blocks) * kBlockN + int64_t(i % chunks) * kVec;
+    const int64_t rows = min(int64_t(kBlockM), Sq - m0);
+    const int64_t chunks = int64_t(col_blocks - live_blocks) * kChunks;
+    for (int64_t i = tid; i < rows * chunks; i += Cfg::kThreads) {
+      const int64_t r = i / chunks;
+      const int64_t col = int64_t(live_blocks) * kBlockN + (i % chunks) * kVec;
       Element* out = p + p_op.offset(b, h, m0 + r, col);
       if (col + kVec <= Sk) {
         *reinterpret_cast<uint4*>(out) = make_uint4(0, 0, 0, 0);

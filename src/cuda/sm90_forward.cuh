@@ -13,7 +13,6 @@
 #include <cutlass/arch/barrier.h>
 
 #include "cuda/sm90_config.h"
-#include "cuda/sm90_rowstats.cuh"
 
 namespace qksoftmax::cuda::sm90 {
 
@@ -47,18 +46,13 @@ struct ForwardConfig {
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, BN, HD>, GMMA::Major::K, GMMA::Major::K>(),
       Layout<Shape<Int<kWarpgroups>, _1, _1>>{}));
 
-  using ShapeRows = Shape<int32_t, HD, int32_t, int32_t>;
-  using ShapeProbs = Shape<int32_t, int32_t, int32_t, int32_t>;
-  using StrideT = Stride<int64_t, _1, int64_t, int64_t>;
-  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{},
-                                      make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)), ShapeRows{}, StrideT{}),
-                                      SmemLayoutQ{}));
-  using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{},
-                                      make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)), ShapeRows{}, StrideT{}),
-                                      SmemLayoutK{}(_, _, 0)));
-  using TmaP = decltype(make_tma_copy(SM90_TMA_STORE{},
-                                      make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), ShapeProbs{}, StrideT{}),
-                                      SmemLayoutP{}(_, _, 0)));
+  using TmaQ = TmaLoad<Element, HD, SmemLayoutQ>;
+  using TmaK = TmaLoad<Element, HD, decltype(SmemLayoutK{}(_, _, 0))>;
+  using TmaP = decltype(make_tma_copy(
+      SM90_TMA_STORE{},
+      make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), Shape<int32_t, int32_t, int32_t, int32_t>{},
+                  Stride<int64_t, _1, int64_t, int64_t>{}),
+      SmemLayoutP{}(_, _, 0)));
 
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);

@@ -20,8 +20,9 @@ CMAKE_ARGS=${CMAKE_ARGS:-}
 SANITIZE_FILTER=${SANITIZE_FILTER:-'*GpuVsCpu*S65x65_D64*:*GpuVsCpu*S136x136_D128*:*GpuVsCpu*S200x200*:*H4x1_S129x129*:*GpuVsCpu*S264x264_D128*:*GpuVsCpu*S1032x264*:*GpuForwardWithoutLse*'}
 # A few cases of each Hopper kernel, run first under a short timeout: a hang shows here, not in ctest.
 SMOKE_FILTER=${SMOKE_FILTER:-'*GpuVsCpu*S520x520_D128*:*GpuVsCpu*S1024x1024_D128*:*GpuVsCpu*S120x120_D128*:*GpuForwardWithoutLse*'}
-# ncu: the Hopper kernels of one large seed16 case in each backward mode.
-PROFILE_CASE=${PROFILE_CASE:-"4,128,1024,128"}
+# ncu: the Hopper kernels of one seed16 case that every fused kernel takes, in each mode.
+PROFILE_CASE=${PROFILE_CASE:-"4,128,512,128"}
+PROFILE_MODES=${PROFILE_MODES:-"recompute saved_p forward"}
 BENCH_ARGS=${BENCH_ARGS:-"--suite all --mode all --dtype bf16"}
 PEER_ARGS=${PEER_ARGS:-"--suite seed16 --dtype bf16 --impl eager,compile,autograd,eager_fwd_bwd,compile_fwd_bwd,qksoftmax_fwd_bwd,qksoftmax_p_fwd_bwd"}
 BUILD=build/gpu
@@ -114,12 +115,12 @@ if has_stage sass; then
 fi
 
 if has_stage profile; then
-  # Full ncu sets with source-level stall sampling of the Hopper backward kernels; the reports come back in
+  # Full ncu sets with source-level stall sampling of the Hopper kernels; the reports come back in
   # $OUT (open with ncu-ui or `ncu --import`), their details and the hottest SASS lines as text in the logs.
   bench_bin=$(find $BUILD -name qksoftmax-bench -type f | head -1)
-  for mode in recompute saved_p; do
+  for mode in $PROFILE_MODES; do
     run_logged "ncu-$mode" ncu --clock-control none --set full --import-source yes \
-      -k 'regex:fused_backward|colpass|rowstats|convert_dq' --launch-count 2 -f -o "$OUT/ncu-$mode" \
+      -k 'regex:fused_backward|fused_forward|colpass|rowstats|convert_dq' --launch-count 2 -f -o "$OUT/ncu-$mode" \
       "$bench_bin" --case "$PROFILE_CASE" --mode $mode --impl qksoftmax --runs 20 --warmup 3
     ncu --import "$OUT/ncu-$mode.ncu-rep" --page details --print-details all > "$LOGS/ncu-$mode-details.log" 2>&1
     ncu --import "$OUT/ncu-$mode.ncu-rep" --page source --print-source sass --csv > "$LOGS/ncu-$mode-sass.csv" 2>&1

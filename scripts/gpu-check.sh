@@ -120,7 +120,7 @@ if has_stage profile; then
   bench_bin=$(find $BUILD -name qksoftmax-bench -type f | head -1)
   for mode in $PROFILE_MODES; do
     run_logged "ncu-$mode" ncu --clock-control none --set full --import-source yes \
-      -k 'regex:fused_backward|sm90::forward_kernel|colpass|rowstats|convert_dq' --launch-count 2 -f -o "$OUT/ncu-$mode" \
+      -k 'regex:fused_backward|forward_kernel|colpass|rowstats|convert_dq' --launch-count 2 -f -o "$OUT/ncu-$mode" \
       "$bench_bin" --case "$PROFILE_CASE" --mode $mode --impl qksoftmax --runs 20 --warmup 3
     ncu --import "$OUT/ncu-$mode.ncu-rep" --page details --print-details all > "$LOGS/ncu-$mode-details.log" 2>&1
     ncu --import "$OUT/ncu-$mode.ncu-rep" --page source --print-source sass --csv > "$LOGS/ncu-$mode-sass.csv" 2>&1

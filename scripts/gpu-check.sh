@@ -119,8 +119,11 @@ if has_stage profile; then
   # $OUT (open with ncu-ui or `ncu --import`), their details and the hottest SASS lines as text in the logs.
   bench_bin=$(find $BUILD -name qksoftmax-bench -type f | head -1)
   for mode in $PROFILE_MODES; do
+    # (saved-P inputs come from the forward: that mode's filter must not take the forward kernel)
+    kernels='regex:fused_backward|colpass|rowstats|convert_dq'
+    [ "$mode" = forward ] && kernels='regex:forward_kernel'
     run_logged "ncu-$mode" ncu --clock-control none --set full --import-source yes \
-      -k 'regex:fused_backward|forward_kernel|colpass|rowstats|convert_dq' --launch-count 2 -f -o "$OUT/ncu-$mode" \
+      -k "$kernels" --launch-count 2 -f -o "$OUT/ncu-$mode" \
       "$bench_bin" --case "$PROFILE_CASE" --mode $mode --impl qksoftmax --runs 20 --warmup 3
     ncu --import "$OUT/ncu-$mode.ncu-rep" --page details --print-details all > "$LOGS/ncu-$mode-details.log" 2>&1
     ncu --import "$OUT/ncu-$mode.ncu-rep" --page source --print-source sass --csv > "$LOGS/ncu-$mode-sass.csv" 2>&1

@@ -2,6 +2,8 @@
 // tile shapes, swizzled shared-memory layouts, wgmma tilings, TMA descriptor types.
 #pragma once
 
+#include <type_traits>
+
 #include <cute/arch/copy_sm90.hpp>
 #include <cute/atom/copy_traits_sm90_tma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
@@ -36,6 +38,26 @@ __device__ inline float quad_sum(float v) {
   CUTE_UNROLL
   for (int off = 1; off < kLanes; off *= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
   return v;
+}
+
+// 2^x by the special-function unit alone (ex2.approx.ftz): exp2f adds a range fix-up of three instructions
+// per call for results below 2^-126, which the softmax's outputs (≤ 1, rounded to 16 bits) do not need.
+// 2^-inf = +0.
+__device__ inline float exp2_fast(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Calls f(std::true_type) where a tile has masked elements and f(std::false_type) where it has none, so
+// that only the tiles that need them pay for the per-element compares.
+template <class F>
+__device__ inline void with_mask(bool masked, F&& f) {
+  if (masked) {
+    f(std::true_type{});
+  } else {
+    f(std::false_type{});
+  }
 }
 
 template <class Element_, int kHeadDim_>

@@ -25,7 +25,8 @@ struct ForwardConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kWarpgroups = 2;
   static constexpr int kBlockM = 64 * kWarpgroups;  // query rows per CTA, 64 per warpgroup
-  static constexpr int kBlockN = 128;               // key columns per step
+  static constexpr int kBlockN = 64;                // key columns per step
+  static constexpr int kCtasPerSm = 2;              // two CTAs overlap each other's products and stores
   static constexpr int kThreads = 128 * kWarpgroups;
   static constexpr int kStages = 2;                 // K tiles in flight
   static constexpr int kOutBuffers = 2;             // P tiles being stored
@@ -75,7 +76,7 @@ struct ForwardConfig {
 };
 
 template <class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads, 1)
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     forward_kernel(CUTE_GRID_CONSTANT const typename Cfg::Params params) {
   using Element = typename Cfg::Element;
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
@@ -173,6 +174,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     return row < Sq ? int(min(max(col_end(row) - int64_t(j) * kBlockN, int64_t(0)), int64_t(kBlockN))) : 0;
   };
 
+  // Key block j has masked elements for some row of this CTA (rows past Sq are never stored: not counted).
+  // col_end grows with the row, so the CTA's first row decides.
+  const auto masked = [&](int j) { return int64_t(j + 1) * kBlockN > col_end(m0); };
+
   Barrier::wait(&st.q_full, 0);
   int consumed = 0;
   const auto product = [&](int j) {  // S of key block j (the next tile of the sequence) into tSrS
@@ -195,26 +200,28 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
   for (int j = 0; j < live_blocks; ++j) {
     product(j);
-    CUTE_UNROLL
-    for (int ri = 0; ri < kRows; ++ri) {
-      const int limit = col_limit(j, get<0>(tScS_rc(ri, 0)));
-      float mx = -INFINITY;
+    with_mask(masked(j), [&](auto mask) {
       CUTE_UNROLL
-      for (int ci = 0; ci < kCols; ++ci) {
-        if (get<1>(tScS_rc(ri, ci)) < limit) mx = fmaxf(mx, tSrS_rc(ri, ci) * scale_log2);
-      }
-      mx = quad_max<kQuad>(fmaxf(mx, row_max[ri]));
-      float sum = 0.0f;
-      if (mx != -INFINITY) {
+      for (int ri = 0; ri < kRows; ++ri) {
+        const int limit = mask ? col_limit(j, get<0>(tScS_rc(ri, 0))) : kBlockN;
+        float mx = -INFINITY;
         CUTE_UNROLL
         for (int ci = 0; ci < kCols; ++ci) {
-          if (get<1>(tScS_rc(ri, ci)) < limit) sum += exp2f(tSrS_rc(ri, ci) * scale_log2 - mx);
+          if (!mask || get<1>(tScS_rc(ri, ci)) < limit) mx = fmaxf(mx, tSrS_rc(ri, ci) * scale_log2);
         }
+        mx = quad_max<kQuad>(fmaxf(mx, row_max[ri]));
+        float sum = 0.0f;
+        if (mx != -INFINITY) {
+          CUTE_UNROLL
+          for (int ci = 0; ci < kCols; ++ci) {
+            if (!mask || get<1>(tScS_rc(ri, ci)) < limit) sum += exp2_fast(tSrS_rc(ri, ci) * scale_log2 - mx);
+          }
+        }
+        sum = quad_sum<kQuad>(sum);
+        row_sum[ri] = (row_max[ri] == -INFINITY ? 0.0f : row_sum[ri] * exp2_fast(row_max[ri] - mx)) + sum;
+        row_max[ri] = mx;
       }
-      sum = quad_sum<kQuad>(sum);
-      row_sum[ri] = (row_max[ri] == -INFINITY ? 0.0f : row_sum[ri] * exp2f(row_max[ri] - mx)) + sum;
-      row_max[ri] = mx;
-    }
+    });
     release();
   }
   float lse2[kRows];
@@ -236,17 +243,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     __syncthreads();
     Tensor tSsP = thr_s.partition_C(sP(_, _, buffer));
     Tensor tSsP_rc = make_tensor(tSsP.data(), rowcol(tSsP.layout()));  // (rows, cols)
-    CUTE_UNROLL
-    for (int ri = 0; ri < kRows; ++ri) {
-      const int limit = col_limit(j, get<0>(tScS_rc(ri, 0)));
+    with_mask(masked(j), [&](auto mask) {
       CUTE_UNROLL
-      for (int ci = 0; ci < kCols; ci += 2) {
-        const int c = get<1>(tScS_rc(ri, ci));
-        const float p0 = c < limit ? exp2f(tSrS_rc(ri, ci) * scale_log2 - lse2[ri]) : 0.0f;
-        const float p1 = c + 1 < limit ? exp2f(tSrS_rc(ri, ci + 1) * scale_log2 - lse2[ri]) : 0.0f;
-        store_shared_pair(tSsP_rc(ri, ci), p0, p1);
+      for (int ri = 0; ri < kRows; ++ri) {
+        const int limit = mask ? col_limit(j, get<0>(tScS_rc(ri, 0))) : kBlockN;
+        CUTE_UNROLL
+        for (int ci = 0; ci < kCols; ci += 2) {
+          const int c = get<1>(tScS_rc(ri, ci));
+          const float p0 = !mask || c < limit ? exp2_fast(tSrS_rc(ri, ci) * scale_log2 - lse2[ri]) : 0.0f;
+          const float p1 = !mask || c + 1 < limit ? exp2_fast(tSrS_rc(ri, ci + 1) * scale_log2 - lse2[ri]) : 0.0f;
+          store_shared_pair(tSsP_rc(ri, ci), p0, p1);
+        }
       }
-    }
+    });
     tma_store_fence();  // the threads' writes of the tile, seen by the TMA store
     release();
     if (tid == 0) {

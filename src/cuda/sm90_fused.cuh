@@ -234,6 +234,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     return row < Sq ? int(min(max(col_end(row) - n0, int64_t(0)), int64_t(kBlockN))) : 0;
   };
 
+  // Whether the tile of rows [m0, m0 + kBlockM) has elements outside the mask or past the last row (col_end
+  // grows with the row: the first row decides); only such tiles pay for per-element compares.
+  const auto masked = [&](int64_t m0) { return n0 + kBlockN > col_end(m0) || m0 + kBlockM > Sq; };
+
   // This thread's share of a (rows, cols) tile of stage `stage`, as (rows, cols).
   const auto share_rc = [&](auto& tile, int stage) {
     Tensor part = thr_s.partition_C(tile(_, _, stage));  // (MMA, MMA_M, MMA_N)
@@ -247,43 +251,46 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     Tensor tSsdP_rc = share_rc(sdP, stage);                          // (rows, cols)
     Tensor tSsP_rc = share_rc(sP, stage);                            // (rows, cols)
     const int64_t m0 = row0_of(t);
-    CUTE_UNROLL
-    for (int ri = 0; ri < kRows; ++ri) {
-      const int r = get<0>(tScS_rc(ri, 0));
-      const int limit = col_limit(m0, r);
-      float mx = -INFINITY, sum = 0.0f, dot = 0.0f;
-      if constexpr (kSavedP) {
-        CUTE_UNROLL
-        for (int ci = 0; ci < kCols; ci += 2) {
-          const int c = get<1>(tScS_rc(ri, ci));
-          const float2 pv = load_shared_pair(tSsP_rc(ri, ci)), dpv = load_shared_pair(tSsdP_rc(ri, ci));
-          if (c < limit) dot += pv.x * dpv.x;
-          if (c + 1 < limit) dot += pv.y * dpv.y;
-        }
-        dot = quad_sum<kQuad>(dot);
-        mx = 0.0f;
-      } else {
-        CUTE_UNROLL
-        for (int ci = 0; ci < kCols; ++ci) {
-          if (get<1>(tScS_rc(ri, ci)) < limit) mx = fmaxf(mx, acc_rc(ri, ci) * scale_log2);
-        }
-        mx = quad_max<kQuad>(mx);
-        if (mx != -INFINITY) {
+    with_mask(masked(m0), [&](auto mask) {
+      CUTE_UNROLL
+      for (int ri = 0; ri < kRows; ++ri) {
+        const int r = get<0>(tScS_rc(ri, 0));
+        const int limit = mask ? col_limit(m0, r) : kBlockN;
+        float mx = -INFINITY, sum = 0.0f, dot = 0.0f;
+        if constexpr (kSavedP) {
           CUTE_UNROLL
           for (int ci = 0; ci < kCols; ci += 2) {
             const int c = get<1>(tScS_rc(ri, ci));
-            const float2 dpv = load_shared_pair(tSsdP_rc(ri, ci));
-            const float e0 = c < limit ? exp2f(acc_rc(ri, ci) * scale_log2 - mx) : 0.0f;
-            const float e1 = c + 1 < limit ? exp2f(acc_rc(ri, ci + 1) * scale_log2 - mx) : 0.0f;
-            sum += e0 + e1;
-            dot += (c < limit ? e0 * dpv.x : 0.0f) + (c + 1 < limit ? e1 * dpv.y : 0.0f);  // masked dP: never used
+            const float2 pv = load_shared_pair(tSsP_rc(ri, ci)), dpv = load_shared_pair(tSsdP_rc(ri, ci));
+            if (!mask || c < limit) dot += pv.x * dpv.x;
+            if (!mask || c + 1 < limit) dot += pv.y * dpv.y;
           }
+          dot = quad_sum<kQuad>(dot);
+          mx = 0.0f;
+        } else {
+          CUTE_UNROLL
+          for (int ci = 0; ci < kCols; ++ci) {
+            if (!mask || get<1>(tScS_rc(ri, ci)) < limit) mx = fmaxf(mx, acc_rc(ri, ci) * scale_log2);
+          }
+          mx = quad_max<kQuad>(mx);
+          if (mx != -INFINITY) {
+            CUTE_UNROLL
+            for (int ci = 0; ci < kCols; ci += 2) {
+              const int c = get<1>(tScS_rc(ri, ci));
+              const float2 dpv = load_shared_pair(tSsdP_rc(ri, ci));
+              const bool keep0 = !mask || c < limit, keep1 = !mask || c + 1 < limit;
+              const float e0 = keep0 ? exp2_fast(acc_rc(ri, ci) * scale_log2 - mx) : 0.0f;
+              const float e1 = keep1 ? exp2_fast(acc_rc(ri, ci + 1) * scale_log2 - mx) : 0.0f;
+              sum += e0 + e1;
+              dot += (keep0 ? e0 * dpv.x : 0.0f) + (keep1 ? e1 * dpv.y : 0.0f);  // masked dP: never used
+            }
+          }
+          sum = quad_sum<kQuad>(sum);
+          dot = quad_sum<kQuad>(dot);
         }
-        sum = quad_sum<kQuad>(sum);
-        dot = quad_sum<kQuad>(dot);
+        if (tid % kQuad == 0) st.stats[t % Cfg::kStatSlots][wg][r] = make_float4(mx, sum, dot, 0.0f);
       }
-      if (tid % kQuad == 0) st.stats[t % Cfg::kStatSlots][wg][r] = make_float4(mx, sum, dot, 0.0f);
-    }
+    });
   };
 
   // A step without live elements here contributes nothing: (−inf, 0, 0).
@@ -335,7 +342,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           for (int j = 0; j < kPerLane; ++j) {
             CUTE_UNROLL
             for (int w = 0; w < Cfg::kWarpgroups; ++w) {
-              const float e = exp2f(part[j][w].x - mx);  // an empty partial (−inf) weighs 0
+              const float e = exp2_fast(part[j][w].x - mx);  // an empty partial (−inf) weighs 0
               sum += part[j][w].y * e;
               dot += part[j][w].z * e;
             }
@@ -433,24 +440,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       Tensor tSsdP_rc = share_rc(sdP, stage);                            // (rows, cols)
       Tensor tSsP_rc = share_rc(sP, stage);                              // (rows, cols)
       const int64_t m0 = row0_of(t);
-      CUTE_UNROLL
-      for (int ri = 0; ri < kRows; ++ri) {
-        const int limit = col_limit(m0, get<0>(tScS_rc(ri, 0)));
+      with_mask(masked(m0), [&](auto mask) {
         CUTE_UNROLL
-        for (int ci = 0; ci < kCols; ci += 2) {
-          const int c = get<1>(tScS_rc(ri, ci));
-          const float2 dpv = load_shared_pair(tSsdP_rc(ri, ci));
-          float2 pv;
-          if constexpr (kSavedP) {
-            pv = load_shared_pair(tSsP_rc(ri, ci));
-          } else {
-            pv = make_float2(exp2f(tSrS_rc(ri, ci) * scale_log2 - lse2[ri]), exp2f(tSrS_rc(ri, ci + 1) * scale_log2 - lse2[ri]));
+        for (int ri = 0; ri < kRows; ++ri) {
+          const int limit = mask ? col_limit(m0, get<0>(tScS_rc(ri, 0))) : kBlockN;
+          CUTE_UNROLL
+          for (int ci = 0; ci < kCols; ci += 2) {
+            const int c = get<1>(tScS_rc(ri, ci));
+            const float2 dpv = load_shared_pair(tSsdP_rc(ri, ci));
+            float2 pv;
+            if constexpr (kSavedP) {
+              pv = load_shared_pair(tSsP_rc(ri, ci));
+            } else {
+              pv = make_float2(exp2_fast(tSrS_rc(ri, ci) * scale_log2 - lse2[ri]), exp2_fast(tSrS_rc(ri, ci + 1) * scale_log2 - lse2[ri]));
+            }
+            const float ds0 = !mask || c < limit ? pv.x * (dpv.x - delta[ri]) : 0.0f;
+            const float ds1 = !mask || c + 1 < limit ? pv.y * (dpv.y - delta[ri]) : 0.0f;
+            store_shared_pair(tdSsdS_rc(ri, ci), ds0, ds1);
           }
-          const float ds0 = c < limit ? pv.x * (dpv.x - delta[ri]) : 0.0f;
-          const float ds1 = c + 1 < limit ? pv.y * (dpv.y - delta[ri]) : 0.0f;
-          store_shared_pair(tdSsdS_rc(ri, ci), ds0, ds1);
         }
-      }
+      });
       cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
       __syncthreads();
       Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<BM, HD>{});  // (MMA, MMA_M, MMA_D) fp32

@@ -1,13 +1,14 @@
 // Hopper fused forward: P = softmax(mask(scale · Q Kᵀ)) written dense, and LSE.
 //
-// One CTA per (batch, query head, 128-row block); two warpgroups, each owning 64 of the rows. The live key
-// blocks of those rows (128 columns each) stream through shared memory twice by TMA:
+// One CTA per (batch, query head, 128-row block), two per SM; two warpgroups, each owning 64 of the rows.
+// The live key blocks of those rows (64 columns each) stream through shared memory twice by TMA:
 //   pass 1: S = Q Kᵀ (wgmma) → online row max and sum → LSE;
 //   pass 2: S again → P = 2^(S·scale·log2e − LSE·log2e) (masked: 0) → bf16/fp16 tile in shared memory →
 //           TMA store (two staging buffers, so a store drains while the next tile is computed).
-// Key blocks beyond the mask are written as zeros with vector stores at the start, where they overlap the
-// products. The bound is writing P (every element, zeros included): the second product costs tensor time
-// that the stores hide (docs/DESIGN.md, "The fused forward").
+// Key blocks beyond the mask are stored by TMA from a tile of zeros at the start, where they overlap the
+// products. Only tiles that the mask cuts pay for per-element compares. The bound is writing P (every
+// element, zeros included): the second product costs tensor time that the stores and the other CTA hide
+// (docs/DESIGN.md, "The fused forward").
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -31,7 +32,6 @@ struct ForwardConfig {
   static constexpr int kStages = 2;                 // K tiles in flight
   static constexpr int kOutBuffers = 2;             // P tiles being stored
   static constexpr int kQuad = 4;
-  static constexpr int kZeroVector = 16 / sizeof(Element);  // elements per 16-byte store of zeros
 
   using BM = Int<kBlockM>;
   using BN = Int<kBlockN>;
@@ -40,7 +40,9 @@ struct ForwardConfig {
   using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<BM, HD>{}));                       // (rows, d)
   using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<BN, HD, Int<kStages>>{}));         // (cols, d, stage)
-  using SmemLayoutP = decltype(tile_to_shape(SmemAtom{}, Shape<BM, BN, Int<kOutBuffers>>{}));     // (rows, cols, buffer)
+  // P staging: kOutBuffers tiles being stored, then one tile of zeros that the masked key blocks are stored from.
+  static constexpr int kZeroBuffer = kOutBuffers;
+  using SmemLayoutP = decltype(tile_to_shape(SmemAtom{}, Shape<BM, BN, Int<kOutBuffers + 1>>{}));  // (rows, cols, buffer)
 
   // Each warpgroup: its 64 rows × the step's 128 columns.
   using MmaS = decltype(make_tiled_mma(
@@ -66,6 +68,8 @@ struct ForwardConfig {
     alignas(8) uint64_t q_full;
   };
   static constexpr int kSmemBytes = int(sizeof(Storage));
+  // An SM has 228 KB of shared memory, of which each resident CTA takes 1 KB for the system.
+  static_assert(kSmemBytes + 1024 <= 228 * 1024 / kCtasPerSm, "the forward's CTAs per SM do not fit");
 
   struct Params {
     Problem prob;
@@ -92,7 +96,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   const int64_t Sq = prob.Sq, Sk = prob.Sk;
   const bool causal = prob.mask == Mask::kCausal;
   const float scale_log2 = prob.scale * kLog2e;
-  const Operand p_op = prob.out_p, lse_op = prob.out_lse;
+  const Operand lse_op = prob.out_lse;
   const auto col_end = [=](int64_t row) { return causal ? min(row + 1, Sk) : Sk; };
 
   const int64_t row_blocks = (Sq + kBlockM - 1) / kBlockM;
@@ -117,6 +121,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     Barrier::init(&st.q_full, 1);
     cutlass::arch::fence_barrier_init();
   }
+  {  // the zero tile
+    constexpr int kVectors = cosize_v<typename Cfg::SmemLayoutP> / (Cfg::kOutBuffers + 1) * sizeof(Element) / sizeof(uint4);
+    uint4* zeros = reinterpret_cast<uint4*>(&sP(0, 0, Int<Cfg::kZeroBuffer>{}));
+    for (int i = tid; i < kVectors; i += Cfg::kThreads) zeros[i] = make_uint4(0, 0, 0, 0);
+    tma_store_fence();  // seen by the TMA stores
+  }
   __syncthreads();
 
   // Thread 0 loads K tile k of the sequence (pass 1 then pass 2 over the live key blocks) into stage k % kStages.
@@ -139,23 +149,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     produce(0);
   }
 
-  // The masked key blocks of these rows are zeros: 16-byte stores, issued first so that they drain under the
-  // products. (The live blocks' masked elements are zeroed in pass 2.)
-  {
-    Element* p = static_cast<Element*>(p_op.ptr);
-    constexpr int kVec = Cfg::kZeroVector, kChunks = kBlockN / kVec;
-    const int64_t rows = min(int64_t(kBlockM), Sq - m0);
-    const int64_t chunks = int64_t(col_blocks - live_blocks) * kChunks;
-    for (int64_t i = tid; i < rows * chunks; i += Cfg::kThreads) {
-      const int64_t r = i / chunks;
-      const int64_t col = int64_t(live_blocks) * kBlockN + (i % chunks) * kVec;
-      Element* out = p + p_op.offset(b, h, m0 + r, col);
-      if (col + kVec <= Sk) {
-        *reinterpret_cast<uint4*>(out) = make_uint4(0, 0, 0, 0);
-      } else {
-        for (int64_t c = col; c < Sk; ++c) out[c - col] = Element(0.0f);
-      }
+  // The masked key blocks of these rows are zeros, stored by TMA from a zero tile at the start, where they
+  // drain under the products (the TMA clips the last block at Sk). The live blocks' masked elements are
+  // zeroed in pass 2.
+  if (tid == 0 && live_blocks < col_blocks) {
+    for (int j = live_blocks; j < col_blocks; ++j) {
+      Tensor gP = local_tile(mP(_, _, h, b), Shape<BM, BN>{}, make_coord(mb, int64_t(j)));  // (BM, BN)
+      auto [tPgP, tPsZ] = tma_partition(params.tma_p, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sP(_, _, Int<Cfg::kZeroBuffer>{})), group_modes<0, 2>(gP));
+      copy(params.tma_p, tPsZ, tPgP);
     }
+    tma_store_arrive();
   }
 
   typename Cfg::MmaS mma_s;

@@ -117,23 +117,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     Tensor tSsP = thr_s.partition_C(sP(_, _, stage));
     Tensor tSsP_rc = make_tensor(tSsP.data(), rowcol(tSsP.layout()));
     Tensor tdSsdS_rc = make_tensor(tdSsdS.data(), rowcol(tdSsdS.layout()));
-    CUTE_UNROLL
-    for (int ri = 0; ri < size<0>(tSrS_rc); ++ri) {
-      const int64_t row = m0 + get<0>(tScS_rc(ri, 0));
-      const bool row_live = row < prob.Sq;
-      const int64_t end = row_live ? prob.col_end(row) : 0;
-      const float lse_log2 = row_live && !saved_p ? params.lse.ptr[params.lse.offset(b, h, row)] * kLog2e : 0.0f;
-      const float delta = row_live ? params.delta.ptr[params.delta.offset(b, h, row)] : 0.0f;
+    // Only a tile that the mask or the last row cuts pays for per-element compares (col_end grows with the row).
+    with_mask(n0 + kBlockN > prob.col_end(m0) || m0 + kBlockM > prob.Sq, [&](auto mask) {
       CUTE_UNROLL
-      for (int ci = 0; ci < size<1>(tSrS_rc); ++ci) {
-        float ds = 0.0f;
-        if (n0 + get<1>(tScS_rc(ri, ci)) < end) {
-          const float p = saved_p ? float(tSsP_rc(ri, ci)) : exp2f(tSrS_rc(ri, ci) * scale_log2 - lse_log2);
-          ds = p * (float(tSsdP_rc(ri, ci)) - delta);
+      for (int ri = 0; ri < size<0>(tSrS_rc); ++ri) {
+        const int64_t row = m0 + get<0>(tScS_rc(ri, 0));
+        const bool row_live = !mask || row < prob.Sq;
+        const int limit = mask ? int(min(max((row_live ? prob.col_end(row) : 0) - n0, int64_t(0)), int64_t(kBlockN))) : kBlockN;
+        const float lse_log2 = row_live && !saved_p ? params.lse.ptr[params.lse.offset(b, h, row)] * kLog2e : 0.0f;
+        const float delta = row_live ? params.delta.ptr[params.delta.offset(b, h, row)] : 0.0f;
+        CUTE_UNROLL
+        for (int ci = 0; ci < size<1>(tSrS_rc); ++ci) {
+          float ds = 0.0f;
+          if (!mask || get<1>(tScS_rc(ri, ci)) < limit) {
+            const float p = saved_p ? float(tSsP_rc(ri, ci)) : exp2_fast(tSrS_rc(ri, ci) * scale_log2 - lse_log2);
+            ds = p * (float(tSsdP_rc(ri, ci)) - delta);
+          }
+          tdSsdS_rc(ri, ci) = Element(ds);
         }
-        tdSsdS_rc(ri, ci) = Element(ds);
       }
-    }
+    });
     cutlass::arch::fence_view_async_shared();  // the generic-proxy writes of dS, seen by wgmma
     __syncthreads();
 
@@ -143,9 +146,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     warpgroup_fence_operand(tdQrdQ);
     float* dq_rows = params.dq_accum + ((b * prob.Hq + h) * prob.Sq) * kHeadDim;
     CUTE_UNROLL
-    for (int i = 0; i < size(tdQrdQ); ++i) {
+    for (int i = 0; i < size(tdQrdQ); i += 2) {  // a wgmma accumulator holds pairs of adjacent columns
       const int64_t row = m0 + get<0>(tdQcdQ(i));
-      if (row < prob.Sq) atomicAdd(dq_rows + row * kHeadDim + get<1>(tdQcdQ(i)), tdQrdQ(i));
+      if (row < prob.Sq) {
+        atomicAdd(reinterpret_cast<float2*>(dq_rows + row * kHeadDim + get<1>(tdQcdQ(i))),
+                  make_float2(tdQrdQ(i), tdQrdQ(i + 1)));
+      }
     }
     __syncthreads();  // stage and sdS are free for the next TMA / step
   }

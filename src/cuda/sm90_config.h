@@ -60,6 +60,34 @@ __device__ inline void with_mask(bool masked, F&& f) {
   }
 }
 
+// Whether every row start of an operand of Element (pointer and strides) is aligned to `elements` elements.
+template <class Element>
+__device__ inline bool aligned_rows(const Operand& op, int64_t elements) {
+  return reinterpret_cast<uintptr_t>(op.ptr) % uintptr_t(elements * sizeof(Element)) == 0 && op.sr % elements == 0 &&
+         op.sh % elements == 0 && op.sb % elements == 0;
+}
+// Scaled values converted to 16 bits and stored at out[0..n): one store where `vector`, else one per element.
+template <class Element>
+__device__ inline void store_scaled(Element* out, float x, float y, float scale, bool vector) {
+  if (vector) {
+    const Element v[2] = {Element(x * scale), Element(y * scale)};
+    *reinterpret_cast<uint32_t*>(out) = reinterpret_cast<const uint32_t&>(v);
+  } else {
+    out[0] = Element(x * scale);
+    out[1] = Element(y * scale);
+  }
+}
+template <class Element>
+__device__ inline void store_scaled(Element* out, float4 v, float scale, bool vector) {
+  if (vector) {
+    const Element e[4] = {Element(v.x * scale), Element(v.y * scale), Element(v.z * scale), Element(v.w * scale)};
+    *reinterpret_cast<uint2*>(out) = reinterpret_cast<const uint2&>(e);
+  } else {
+    store_scaled(out, v.x, v.y, scale, false);
+    store_scaled(out + 2, v.z, v.w, scale, false);
+  }
+}
+
 template <class Element_, int kHeadDim_>
 struct Config {
   using Element = Element_;

@@ -362,6 +362,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   };
 
+  // dQ rows and dK rows that are contiguous and aligned take 8- and 4-byte stores.
+  const bool dq_vector = dq_op.sc == 1 && aligned_rows<Element>(dq_op, 4);
+  const bool dk_vector = dk_op.sc == 1 && aligned_rows<Element>(dk_op, 2);
+
   // dQ of step t, this CTA's slice of head dimensions: the sum of the partials of the CTAs that had live
   // columns, read from their shared memory, scaled and stored.
   const auto reduce_dq = [&](int t) {
@@ -386,13 +390,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         sum.z += part[c].z;
         sum.w += part[c].w;
       }
-      if (m0 + r < Sq) {
-        Element* out = dq + dq_op.offset(b, h, m0 + r, d);
-        out[0] = Element(sum.x * scale);
-        out[1] = Element(sum.y * scale);
-        out[2] = Element(sum.z * scale);
-        out[3] = Element(sum.w * scale);
-      }
+      if (m0 + r < Sq) store_scaled(dq + dq_op.offset(b, h, m0 + r, d), sum, scale, dq_vector);
     }
   };
 
@@ -503,9 +501,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   Tensor tdKcdK = mma_dk.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<BN, HD>{}));  // (c, d)
   Element* dk = static_cast<Element*>(dk_op.ptr);
   CUTE_UNROLL
-  for (int i = 0; i < size(tdKrdK); ++i) {
+  for (int i = 0; i < size(tdKrdK); i += 2) {  // a wgmma accumulator holds pairs of adjacent columns
     const int64_t col = n0 + get<0>(tdKcdK(i));
-    if (col < Sk) dk[dk_op.offset(b, kv_head, col, get<1>(tdKcdK(i)))] = Element(tdKrdK(i) * scale);
+    if (col < Sk) store_scaled(dk + dk_op.offset(b, kv_head, col, get<1>(tdKcdK(i))), tdKrdK(i), tdKrdK(i + 1), scale, dk_vector);
   }
 }
 

@@ -47,6 +47,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 THRESHOLDS = {"bf16": 1e-2, "fp16": 2e-3, "fp32": 1e-5}
 IMPLS = {"eager": ("torch_eager", "saved_p"), "compile": ("torch_compile", "saved_p"),
          "autograd": ("torch_autograd", "recompute"),
+         "eager_fwd": ("torch_eager", "forward"), "compile_fwd": ("torch_compile", "forward"),
          "eager_fwd_bwd": ("torch_eager", "forward_backward"), "compile_fwd_bwd": ("torch_compile", "forward_backward"),
          "qksoftmax_fwd_bwd": ("qksoftmax_op", "forward_backward"),
          "qksoftmax_p_fwd_bwd": ("qksoftmax_op_p", "forward_backward")}
@@ -185,10 +186,10 @@ class Case:
 
     def __init__(self, impl, mode, shape, dtype, causal, copies, generator):
         B, H, S, D = shape
-        self.impl, self.scale = impl, 1.0 / math.sqrt(D)
+        self.impl, self.mode, self.scale = impl, mode, 1.0 / math.sqrt(D)
         self.mask = torch.ones(S, S, dtype=torch.bool, device="cuda").triu(1) if causal else None
         self.compiled = None
-        self.forward = fwd_bwd_forward(impl, self.scale, self.mask) if mode == FWD_BWD else None
+        self.forward = fwd_bwd_forward(impl, self.scale, self.mask) if mode in (FWD_BWD, "forward") else None
         if self.forward is None and impl == "torch_compile":
             torch._dynamo.reset()
             self.compiled = torch.compile(saved_p_chain, dynamic=False)
@@ -198,6 +199,9 @@ class Case:
                 return torch.randn(*size, device="cuda", dtype=DTYPES[dtype], generator=generator)
 
             q, k, dp = randn(B, H, S, D), randn(B, H, S, D), randn(B, H, S, S)
+            if mode == "forward":  # P from (q, k): no gradient, no dP
+                self.sets.append((q, k, None, None))
+                continue
             if self.forward is not None:
                 self.sets.append((q.requires_grad_(True), k.requires_grad_(True), dp, None))
                 continue
@@ -215,6 +219,9 @@ class Case:
 
     def call(self, s):
         q, k, dp, p = s
+        if self.mode == "forward":
+            with torch.no_grad():
+                return (self.forward(q, k),)
         if self.forward is not None:
             return forward_backward(self.forward, q, k, dp)
         if self.impl == "torch_autograd":
@@ -223,8 +230,13 @@ class Case:
             return (self.compiled or saved_p_chain)(p, dp, q, k, self.scale)
 
     def errors(self):
-        """Relative Frobenius errors of dQ, dK of head (B−1, H−1) of set 0 against fp64."""
+        """Relative Frobenius errors of dQ, dK (forward: P) of head (B−1, H−1) of set 0 against fp64."""
         q, k, dp, p = self.sets[0]
+        if self.mode == "forward":  # P of head (B−1, H−1) against fp64
+            (out,) = self.call(self.sets[0])
+            with torch.no_grad():
+                ref = masked_probabilities(q[-1, -1].double(), k[-1, -1].double(), self.scale, self.mask)
+                return {"P": ((out[-1, -1].double() - ref).norm() / ref.norm()).item()}
         dq, dk = self.call(self.sets[0])
         with torch.no_grad():
             q64, k64, dp64 = (t[-1, -1].double() for t in (q, k, dp))

@@ -21,8 +21,9 @@ CTEST_ARGS=${CTEST_ARGS:-}  # e.g. "-R D128" for the Hopper cases only
 SANITIZE_FILTER=${SANITIZE_FILTER:-'*GpuVsCpu*S65x65_D64*:*GpuVsCpu*S136x136_D128*:*GpuVsCpu*S200x200*:*H4x1_S129x129*:*GpuVsCpu*S264x264_D128*:*GpuVsCpu*S1032x264*:*GpuForwardWithoutLse*'}
 # A few cases of each Hopper kernel, run first under a short timeout: a hang shows here, not in ctest.
 SMOKE_FILTER=${SMOKE_FILTER:-'*GpuVsCpu*S520x520_D128*:*GpuVsCpu*S1024x1024_D128*:*GpuVsCpu*S120x120_D128*:*GpuForwardWithoutLse*'}
-# ncu: the Hopper kernels of one seed16 case that every fused kernel takes, in each mode.
-PROFILE_CASE=${PROFILE_CASE:-"4,128,512,128"}
+# ncu: the Hopper kernels of seed16 cases, in each mode: S = 512 (every fused kernel) and S = 1024 (recompute
+# there runs the two-pass kernels). Per-source-line tables: scripts/ncu_lines.py on the saved CSVs.
+PROFILE_CASES=${PROFILE_CASES:-"4,128,512,128 4,128,1024,128"}
 PROFILE_MODES=${PROFILE_MODES:-"recompute saved_p forward"}
 BENCH_ARGS=${BENCH_ARGS:-"--suite all --mode all --dtype bf16"}
 PEER_ARGS=${PEER_ARGS:-"--suite seed16 --dtype bf16 --impl eager,compile,autograd,eager_fwd,compile_fwd,eager_fwd_bwd,compile_fwd_bwd,qksoftmax_fwd_bwd,qksoftmax_p_fwd_bwd"}
@@ -119,17 +120,20 @@ if has_stage profile; then
   # Full ncu sets with source-level stall sampling of the Hopper kernels; the reports come back in
   # $OUT (open with ncu-ui or `ncu --import`), their details and the hottest SASS lines as text in the logs.
   bench_bin=$(find $BUILD -name qksoftmax-bench -type f | head -1)
-  for mode in $PROFILE_MODES; do
-    # (saved-P inputs come from the forward: that mode's filter must not take the forward kernel)
-    kernels='regex:fused_backward|colpass|rowstats|convert_dq'
-    [ "$mode" = forward ] && kernels='regex:forward_kernel'
-    run_logged "ncu-$mode" ncu --clock-control none --set full --import-source yes \
-      -k "$kernels" --launch-count 2 -f -o "$OUT/ncu-$mode" \
-      "$bench_bin" --case "$PROFILE_CASE" --mode $mode --impl qksoftmax --runs 20 --warmup 3
-    ncu --import "$OUT/ncu-$mode.ncu-rep" --page details --print-details all > "$LOGS/ncu-$mode-details.log" 2>&1
-    ncu --import "$OUT/ncu-$mode.ncu-rep" --page source --print-source sass --csv > "$LOGS/ncu-$mode-sass.csv" 2>&1
+  for case in $PROFILE_CASES; do
+    for mode in $PROFILE_MODES; do
+      # (saved-P inputs come from the forward: that mode's filter must not take the forward kernel)
+      kernels='regex:fused_backward|colpass|rowstats|convert_dq'
+      [ "$mode" = forward ] && kernels='regex:forward_kernel'
+      name="ncu-$mode-S$(echo "$case" | cut -d, -f3)"
+      run_logged "$name" ncu --clock-control none --set full --import-source yes \
+        -k "$kernels" --launch-count 2 -f -o "$OUT/$name" \
+        "$bench_bin" --case "$case" --mode $mode --impl qksoftmax --runs 20 --warmup 3
+      ncu --import "$OUT/$name.ncu-rep" --page details --print-details all > "$LOGS/$name-details.log" 2>&1
+      ncu --import "$OUT/$name.ncu-rep" --page source --print-source sass --csv > "$LOGS/$name-sass.csv" 2>&1
+    done
   done
-  record profile info "$(grep -c 'Section: GPU Speed Of Light' "$LOGS/ncu-recompute-details.log" 2>/dev/null) kernel reports, ncu-*.ncu-rep"
+  record profile info "$(cat "$LOGS"/ncu-*-details.log 2>/dev/null | grep -c 'Section: GPU Speed Of Light') kernel reports, ncu-*.ncu-rep"
 fi
 
 if has_stage pytest; then

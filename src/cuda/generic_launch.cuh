@@ -40,9 +40,11 @@ inline Status launch_status(const char* kernel) {
   return {Code::kCudaError, std::string("launch of ") + kernel + " failed: " + cudaGetErrorString(err)};
 }
 
-// Launches a kernel of configuration Cfg (threads, shared memory) with one block per tile.
+// Launches a kernel of configuration Cfg (threads, shared memory) with one block per tile, in thread-block
+// clusters of `cluster` consecutive blocks when cluster > 1.
 template <class Cfg, class Kernel, class Params>
-Status launch(Kernel kernel, const char* name, int64_t tiles, const Params& params, CUstream_st* stream) {
+Status launch(Kernel kernel, const char* name, int64_t tiles, const Params& params, CUstream_st* stream,
+              int cluster = 1) {
   if (tiles > INT_MAX) {
     return {Code::kUnsupported, std::string(name) + ": the problem needs more than 2^31 - 1 blocks"};
   }
@@ -50,7 +52,21 @@ Status launch(Kernel kernel, const char* name, int64_t tiles, const Params& para
       cudaSuccess) {
     return launch_status(name);
   }
-  kernel<<<unsigned(tiles), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
+  if (cluster == 1) {
+    kernel<<<unsigned(tiles), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
+    return launch_status(name);
+  }
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim = {unsigned(cluster), 1, 1};
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(tiles));
+  config.blockDim = dim3(Cfg::kThreads);
+  config.dynamicSmemBytes = Cfg::kSmemBytes;
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  cudaLaunchKernelEx(&config, kernel, params);  // its error, if any, is also the last error
   return launch_status(name);
 }
 

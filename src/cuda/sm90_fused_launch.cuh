@@ -1,4 +1,4 @@
-// Host side of the Hopper fused backward: TMA descriptors and the cluster launch.
+// Host side of the Hopper fused backward: TMA descriptors and the launch in clusters.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -29,28 +29,10 @@ Status run_sm90_fused(const Problem& prob, CUstream_st* stream) {
       cluster,
       Cfg::kHeadDim / cluster};
 
-  const int64_t blocks = int64_t(cluster) * prob.B * prob.Hk;
-  if (blocks > INT_MAX) return {Code::kUnsupported, std::string(kName) + ": more than 2^31 - 1 blocks"};
   const int64_t steps = (prob.Sq + Cfg::kBlockM - 1) / Cfg::kBlockM * prob.group();
   if (steps > INT_MAX) return {Code::kUnsupported, std::string(kName) + ": more than 2^31 - 1 row blocks per head"};
-  const auto kernel = sm90::fused_backward_kernel<Cfg>;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes) != cudaSuccess) {
-    return launch_status(kName);
-  }
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(cluster);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(unsigned(blocks));
-  config.blockDim = dim3(Cfg::kThreads);
-  config.dynamicSmemBytes = Cfg::kSmemBytes;
-  config.stream = stream;
-  config.attrs = attr;
-  config.numAttrs = 1;
-  if (cudaLaunchKernelEx(&config, kernel, params) != cudaSuccess) return launch_status(kName);
-  return launch_status(kName);
+  return launch<Cfg>(sm90::fused_backward_kernel<Cfg>, kName, int64_t(cluster) * prob.B * prob.Hk, params, stream,
+                     cluster);
 }
 
 }  // namespace qksoftmax::cuda

@@ -63,13 +63,11 @@ bool sm90_tma_ready(const Problem& prob) {
          tma_compatible(prob.dp, e) && (!prob.p.present() || tma_compatible(prob.p, e));
 }
 
-// The fused backward sums in a fixed order (no atomics): it serves deterministic calls too.
-bool sm90_fused_eligible(const Problem& prob) {
-  const bool saved_p = prob.mode == BackwardMode::kSavedP;
-  return sm90_tma_ready(prob) && prob.Sk <= (saved_p ? kSm90FusedMaxSk : kSm90FusedRecomputeMaxSk);
+// Rows the fused backward takes (given TMA-ready tensors). It sums in a fixed order (no atomics), so it
+// serves deterministic calls too; the two-pass backward does not.
+bool sm90_fused_fits(const Problem& prob) {
+  return prob.Sk <= (prob.mode == BackwardMode::kSavedP ? kSm90FusedMaxSk : kSm90FusedRecomputeMaxSk);
 }
-
-bool sm90_eligible(const Problem& prob) { return sm90_tma_ready(prob) && !prob.deterministic; }
 
 }  // namespace
 
@@ -113,7 +111,8 @@ Status run(const Problem& prob, void* workspace, CUstream_st* stream) {
     QKSOFTMAX_SM90_CONFIGS(QKSOFTMAX_DISPATCH_SM90_FORWARD)
 #undef QKSOFTMAX_DISPATCH_SM90_FORWARD
   }
-  if (sm90_fused_eligible(prob)) {
+  const bool sm90_backward = sm90_tma_ready(prob);
+  if (sm90_backward && sm90_fused_fits(prob)) {
     const bool saved_p = prob.mode == BackwardMode::kSavedP;
 #define QKSOFTMAX_DISPATCH_SM90_FUSED(T, HD, SAVED_P)                                   \
     if (prob.dtype == ElementTraits<T>::kDType && prob.D == HD && saved_p == SAVED_P) { \
@@ -122,7 +121,7 @@ Status run(const Problem& prob, void* workspace, CUstream_st* stream) {
     QKSOFTMAX_SM90_FUSED_CONFIGS(QKSOFTMAX_DISPATCH_SM90_FUSED)
 #undef QKSOFTMAX_DISPATCH_SM90_FUSED
   }
-  if (sm90_eligible(prob)) {
+  if (sm90_backward && !prob.deterministic) {
 #define QKSOFTMAX_DISPATCH_SM90(T, HD)                                                 \
     if (prob.dtype == ElementTraits<T>::kDType && prob.D == HD) {                      \
       return run_sm90_backward<sm90::Config<T, HD>>(prob, workspace, stream);    \

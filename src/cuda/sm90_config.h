@@ -49,6 +49,25 @@ __device__ inline float exp2_fast(float x) {
   return y;
 }
 
+// A reduction of N values by a binary operation, as a tree: a dependency chain of log2 N operations instead
+// of N (an element-wise pass over an accumulator row otherwise waits on each add or max in turn).
+template <int N, class Op>
+__device__ inline float tree_reduce(float (&v)[N], Op op) {
+  static_assert(N > 0 && (N & (N - 1)) == 0, "a power of two");
+  CUTE_UNROLL
+  for (int stride = 1; stride < N; stride *= 2) {
+    CUTE_UNROLL
+    for (int i = 0; i < N; i += 2 * stride) v[i] = op(v[i], v[i + stride]);
+  }
+  return v[0];
+}
+struct MaxOp {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct SumOp {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+
 // Calls f(std::true_type) where a tile has masked elements and f(std::false_type) where it has none, so
 // that only the tiles that need them pay for the per-element compares.
 template <class F>

@@ -207,18 +207,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
       CUTE_UNROLL
       for (int ri = 0; ri < kRows; ++ri) {
         const int limit = mask ? col_limit(j, get<0>(tScS_rc(ri, 0))) : kBlockN;
-        float mx = -INFINITY;
+        float v[kCols];  // this thread's values of the row, reduced as trees
         CUTE_UNROLL
         for (int ci = 0; ci < kCols; ++ci) {
-          if (!mask || get<1>(tScS_rc(ri, ci)) < limit) mx = fmaxf(mx, tSrS_rc(ri, ci) * scale_log2);
+          v[ci] = !mask || get<1>(tScS_rc(ri, ci)) < limit ? tSrS_rc(ri, ci) * scale_log2 : -INFINITY;
         }
-        mx = quad_max<kQuad>(fmaxf(mx, row_max[ri]));
+        const float mx = quad_max<kQuad>(fmaxf(tree_reduce(v, MaxOp{}), row_max[ri]));
         float sum = 0.0f;
         if (mx != -INFINITY) {
           CUTE_UNROLL
           for (int ci = 0; ci < kCols; ++ci) {
-            if (!mask || get<1>(tScS_rc(ri, ci)) < limit) sum += exp2_fast(tSrS_rc(ri, ci) * scale_log2 - mx);
+            v[ci] = !mask || get<1>(tScS_rc(ri, ci)) < limit ? exp2_fast(tSrS_rc(ri, ci) * scale_log2 - mx) : 0.0f;
           }
+          sum = tree_reduce(v, SumOp{});
         }
         sum = quad_sum<kQuad>(sum);
         row_sum[ri] = (row_max[ri] == -INFINITY ? 0.0f : row_sum[ri] * exp2_fast(row_max[ri] - mx)) + sum;

@@ -257,33 +257,37 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const int r = get<0>(tScS_rc(ri, 0));
         const int limit = mask ? col_limit(m0, r) : kBlockN;
         float mx = -INFINITY, sum = 0.0f, dot = 0.0f;
+        float v[kCols];  // this thread's terms of the row, reduced as trees
         if constexpr (kSavedP) {
           CUTE_UNROLL
           for (int ci = 0; ci < kCols; ci += 2) {
             const int c = get<1>(tScS_rc(ri, ci));
             const float2 pv = load_shared_pair(tSsP_rc(ri, ci)), dpv = load_shared_pair(tSsdP_rc(ri, ci));
-            if (!mask || c < limit) dot += pv.x * dpv.x;
-            if (!mask || c + 1 < limit) dot += pv.y * dpv.y;
+            v[ci] = !mask || c < limit ? pv.x * dpv.x : 0.0f;
+            v[ci + 1] = !mask || c + 1 < limit ? pv.y * dpv.y : 0.0f;
           }
-          dot = quad_sum<kQuad>(dot);
+          dot = quad_sum<kQuad>(tree_reduce(v, SumOp{}));
           mx = 0.0f;
         } else {
           CUTE_UNROLL
           for (int ci = 0; ci < kCols; ++ci) {
-            if (!mask || get<1>(tScS_rc(ri, ci)) < limit) mx = fmaxf(mx, acc_rc(ri, ci) * scale_log2);
+            v[ci] = !mask || get<1>(tScS_rc(ri, ci)) < limit ? acc_rc(ri, ci) * scale_log2 : -INFINITY;
           }
-          mx = quad_max<kQuad>(mx);
+          mx = quad_max<kQuad>(tree_reduce(v, MaxOp{}));
           if (mx != -INFINITY) {
+            float w[kCols];
             CUTE_UNROLL
             for (int ci = 0; ci < kCols; ci += 2) {
               const int c = get<1>(tScS_rc(ri, ci));
               const float2 dpv = load_shared_pair(tSsdP_rc(ri, ci));
               const bool keep0 = !mask || c < limit, keep1 = !mask || c + 1 < limit;
-              const float e0 = keep0 ? exp2_fast(acc_rc(ri, ci) * scale_log2 - mx) : 0.0f;
-              const float e1 = keep1 ? exp2_fast(acc_rc(ri, ci + 1) * scale_log2 - mx) : 0.0f;
-              sum += e0 + e1;
-              dot += (keep0 ? e0 * dpv.x : 0.0f) + (keep1 ? e1 * dpv.y : 0.0f);  // masked dP: never used
+              v[ci] = keep0 ? exp2_fast(acc_rc(ri, ci) * scale_log2 - mx) : 0.0f;
+              v[ci + 1] = keep1 ? exp2_fast(acc_rc(ri, ci + 1) * scale_log2 - mx) : 0.0f;
+              w[ci] = keep0 ? v[ci] * dpv.x : 0.0f;  // masked dP: never used
+              w[ci + 1] = keep1 ? v[ci + 1] * dpv.y : 0.0f;
             }
+            sum = tree_reduce(v, SumOp{});
+            dot = tree_reduce(w, SumOp{});
           }
           sum = quad_sum<kQuad>(sum);
           dot = quad_sum<kQuad>(dot);

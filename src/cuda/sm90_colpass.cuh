@@ -94,7 +94,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   Tensor tScS = thr_s.partition_C(make_identity_tensor(Shape<typename Cfg::BM, typename Cfg::BN>{}));  // (r, c) per element
   Tensor tdQcdQ = mma_dq.get_thread_slice(threadIdx.x).partition_C(
       make_identity_tensor(Shape<typename Cfg::BM, typename Cfg::HD>{}));  // (r, d) per element
-  Tensor tdSsdS = thr_s.partition_C(sdS);  // (MMA, MMA_M, MMA_N)
+  // dP, P and dS between shared memory and the accumulator's layout by ldmatrix / stmatrix (one instruction
+  // per 8 × 8 block of a warp instead of a 16-bit access per element).
+  auto s2r = make_tiled_copy_C(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma_s);
+  auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_s);
+  auto thr_s2r = s2r.get_thread_slice(threadIdx.x);
+  auto thr_r2s = r2s.get_thread_slice(threadIdx.x);
 
   constexpr float kLog2e = 1.4426950408889634f;
   const float scale_log2 = prob.scale * kLog2e;
@@ -112,11 +117,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     // (rows, cols) views of this thread's share (two rows): LSE and D load once per row.
     Tensor tSrS_rc = make_tensor(tSrS.data(), rowcol(tSrS.layout()));
     Tensor tScS_rc = make_tensor(tScS.data(), rowcol(tScS.layout()));
-    Tensor tSsdP = thr_s.partition_C(sdP(_, _, stage));
-    Tensor tSsdP_rc = make_tensor(tSsdP.data(), rowcol(tSsdP.layout()));
-    Tensor tSsP = thr_s.partition_C(sP(_, _, stage));
-    Tensor tSsP_rc = make_tensor(tSsP.data(), rowcol(tSsP.layout()));
-    Tensor tdSsdS_rc = make_tensor(tdSsdS.data(), rowcol(tdSsdS.layout()));
+    Tensor tSrdP = make_fragment_like<Element>(tSrS);  // (MMA, MMA_M, MMA_N)
+    copy(s2r, thr_s2r.partition_S(sdP(_, _, stage)), thr_s2r.retile_D(tSrdP));
+    Tensor tSrP = make_fragment_like<Element>(tSrS);  // (MMA, MMA_M, MMA_N), saved-P
+    if (saved_p) copy(s2r, thr_s2r.partition_S(sP(_, _, stage)), thr_s2r.retile_D(tSrP));
+    Tensor tSrdS = make_fragment_like<Element>(tSrS);  // (MMA, MMA_M, MMA_N)
+    Tensor tSrdP_rc = make_tensor(tSrdP.data(), rowcol(tSrdP.layout()));
+    Tensor tSrP_rc = make_tensor(tSrP.data(), rowcol(tSrP.layout()));
+    Tensor tSrdS_rc = make_tensor(tSrdS.data(), rowcol(tSrdS.layout()));
     // Only a tile that the mask or the last row cuts pays for per-element compares (col_end grows with the row).
     with_mask(n0 + kBlockN > prob.col_end(m0) || m0 + kBlockM > prob.Sq, [&](auto mask) {
       CUTE_UNROLL
@@ -130,13 +138,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
         for (int ci = 0; ci < size<1>(tSrS_rc); ++ci) {
           float ds = 0.0f;
           if (!mask || get<1>(tScS_rc(ri, ci)) < limit) {
-            const float p = saved_p ? float(tSsP_rc(ri, ci)) : exp2_fast(tSrS_rc(ri, ci) * scale_log2 - lse_log2);
-            ds = p * (float(tSsdP_rc(ri, ci)) - delta);
+            const float p = saved_p ? float(tSrP_rc(ri, ci)) : exp2_fast(tSrS_rc(ri, ci) * scale_log2 - lse_log2);
+            ds = p * (float(tSrdP_rc(ri, ci)) - delta);
           }
-          tdSsdS_rc(ri, ci) = Element(ds);
+          tSrdS_rc(ri, ci) = Element(ds);
         }
       }
     });
+    copy(r2s, thr_r2s.retile_S(tSrdS), thr_r2s.partition_D(sdS));
     cutlass::arch::fence_view_async_shared();  // the generic-proxy writes of dS, seen by wgmma
     __syncthreads();
 

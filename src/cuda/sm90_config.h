@@ -244,19 +244,5 @@ __device__ inline void cluster_wait_ordered() { asm volatile("barrier.cluster.wa
 __device__ inline void store_shared_f2(uint32_t addr, float x, float y) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};" : : "r"(addr), "f"(x), "f"(y) : "memory");
 }
-// A 16-bit element of shared memory, widened to float.
-// Two adjacent 16-bit elements of shared memory (a wgmma accumulator's column pair), widened to float.
-template <class Element>
-__device__ inline float2 load_shared_pair(const Element& e) {
-  uint32_t bits;
-  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(bits) : "r"(smem_addr(&e)));
-  const Element* x = reinterpret_cast<const Element*>(&bits);
-  return make_float2(float(x[0]), float(x[1]));
-}
-template <class Element>
-__device__ inline void store_shared_pair(Element& e, float v0, float v1) {
-  Element x[2] = {Element(v0), Element(v1)};
-  asm volatile("st.shared.b32 [%0], %1;" : : "r"(smem_addr(&e)), "r"(reinterpret_cast<const uint32_t&>(x)) : "memory");
-}
 
 }  // namespace qksoftmax::cuda::sm90

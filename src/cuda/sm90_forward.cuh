@@ -181,6 +181,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   // col_end grows with the row, so the CTA's first row decides.
   const auto masked = [&](int j) { return int64_t(j + 1) * kBlockN > col_end(m0); };
 
+  // P tiles from the accumulator's layout into shared memory by stmatrix (one instruction per 8 × 8 block).
+  auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_s);
+  auto thr_r2s = r2s.get_thread_slice(tid);
+
   Barrier::wait(&st.q_full, 0);
   int consumed = 0;
   const auto product = [&](int j) {  // S of key block j (the next tile of the sequence) into tSrS
@@ -243,23 +247,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   for (int j = 0; j < live_blocks; ++j) {
     const int buffer = j % Cfg::kOutBuffers;
     product(j);
-    if (tid == 0) tma_store_wait<Cfg::kOutBuffers - 1>();  // the store that last read this buffer is done
-    __syncthreads();
-    Tensor tSsP = thr_s.partition_C(sP(_, _, buffer));
-    Tensor tSsP_rc = make_tensor(tSsP.data(), rowcol(tSsP.layout()));  // (rows, cols)
+    Tensor tSrP = make_fragment_like<Element>(tSrS);                    // (MMA, MMA_M, MMA_N)
+    Tensor tSrP_rc = make_tensor(tSrP.data(), rowcol(tSrP.layout()));  // (rows, cols)
     with_mask(masked(j), [&](auto mask) {
       CUTE_UNROLL
       for (int ri = 0; ri < kRows; ++ri) {
         const int limit = mask ? col_limit(j, get<0>(tScS_rc(ri, 0))) : kBlockN;
         CUTE_UNROLL
-        for (int ci = 0; ci < kCols; ci += 2) {
-          const int c = get<1>(tScS_rc(ri, ci));
-          const float p0 = !mask || c < limit ? exp2_fast(tSrS_rc(ri, ci) * scale_log2 - lse2[ri]) : 0.0f;
-          const float p1 = !mask || c + 1 < limit ? exp2_fast(tSrS_rc(ri, ci + 1) * scale_log2 - lse2[ri]) : 0.0f;
-          store_shared_pair(tSsP_rc(ri, ci), p0, p1);
+        for (int ci = 0; ci < kCols; ++ci) {
+          const bool keep = !mask || get<1>(tScS_rc(ri, ci)) < limit;
+          tSrP_rc(ri, ci) = Element(keep ? exp2_fast(tSrS_rc(ri, ci) * scale_log2 - lse2[ri]) : 0.0f);
         }
       }
     });
+    // The tile goes to its staging buffer once the store that last read that buffer is done.
+    if (tid == 0) tma_store_wait<Cfg::kOutBuffers - 1>();
+    __syncthreads();
+    copy(r2s, thr_r2s.retile_S(tSrP), thr_r2s.partition_D(sP(_, _, buffer)));
     tma_store_fence();  // the threads' writes of the tile, seen by the TMA store
     release();
     if (tid == 0) {

@@ -223,8 +223,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   Tensor tScS = thr_s.partition_C(make_identity_tensor(Shape<BM, BN>{}));  // (r, c) per element
   Tensor tScS_rc = make_tensor(tScS.data(), rowcol(tScS.layout()));         // (rows, cols) → (r, c)
   Tensor tdQcdQ = mma_dq.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<BM, HD>{}));  // (r, d)
-  Tensor tdSsdS = thr_s.partition_C(sdS);                                   // (MMA, MMA_M, MMA_N)
-  Tensor tdSsdS_rc = make_tensor(tdSsdS.data(), rowcol(tdSsdS.layout()));  // (rows, cols)
   constexpr int kRows = size<0>(decltype(tScS_rc.layout()){});
   constexpr int kCols = size<1>(decltype(tScS_rc.layout()){});
   static_assert(kCols % 2 == 0, "accumulator columns come in adjacent pairs");
@@ -238,18 +236,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // grows with the row: the first row decides); only such tiles pay for per-element compares.
   const auto masked = [&](int64_t m0) { return n0 + kBlockN > col_end(m0) || m0 + kBlockM > Sq; };
 
-  // This thread's share of a (rows, cols) tile of stage `stage`, as (rows, cols).
-  const auto share_rc = [&](auto& tile, int stage) {
-    Tensor part = thr_s.partition_C(tile(_, _, stage));  // (MMA, MMA_M, MMA_N)
-    return make_tensor(part.data(), rowcol(part.layout()));
+  // 16-bit tiles between shared memory and the accumulator's layout by ldmatrix / stmatrix: one instruction
+  // per 8 × 8 block of a warp instead of a 32-bit access (and its swizzled address) per column pair.
+  auto s2r = make_tiled_copy_C(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma_s);
+  auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_s);
+  auto thr_s2r = s2r.get_thread_slice(tid);
+  auto thr_r2s = r2s.get_thread_slice(tid);
+  // This thread's share of a (rows, cols) tile of stage `stage`, loaded into registers (its caller views
+  // it as (rows, cols) with rowcol).
+  const auto load_share = [&](auto& tile, int stage) {
+    Tensor frag = make_fragment_like<Element>(tSrS);  // (MMA, MMA_M, MMA_N)
+    copy(s2r, thr_s2r.partition_S(tile(_, _, stage)), thr_s2r.retile_D(frag));
+    return frag;
   };
 
   // This warpgroup's partial statistics of step t over its 64 columns, written to slot t % kStatSlots.
   // Recompute: (max of S·scale·log2e, Σ 2^(S' − max), Σ 2^(S' − max)·dP); saved-P: (0, 0, Σ P·dP).
   const auto write_partials = [&](auto& acc, int t, int stage) {
     Tensor acc_rc = make_tensor(acc.data(), rowcol(acc.layout()));  // (rows, cols)
-    Tensor tSsdP_rc = share_rc(sdP, stage);                          // (rows, cols)
-    Tensor tSsP_rc = share_rc(sP, stage);                            // (rows, cols)
+    Tensor tSrdP = load_share(sdP, stage);                            // (MMA, MMA_M, MMA_N)
+    Tensor tSrdP_rc = make_tensor(tSrdP.data(), rowcol(tSrdP.layout()));  // (rows, cols)
     const int64_t m0 = row0_of(t);
     with_mask(masked(m0), [&](auto mask) {
       CUTE_UNROLL
@@ -259,12 +265,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         float mx = -INFINITY, sum = 0.0f, dot = 0.0f;
         float v[kCols];  // this thread's terms of the row, reduced as trees
         if constexpr (kSavedP) {
+          Tensor tSrP = load_share(sP, stage);                                 // (MMA, MMA_M, MMA_N)
+          Tensor tSrP_rc = make_tensor(tSrP.data(), rowcol(tSrP.layout()));  // (rows, cols)
           CUTE_UNROLL
-          for (int ci = 0; ci < kCols; ci += 2) {
-            const int c = get<1>(tScS_rc(ri, ci));
-            const float2 pv = load_shared_pair(tSsP_rc(ri, ci)), dpv = load_shared_pair(tSsdP_rc(ri, ci));
-            v[ci] = !mask || c < limit ? pv.x * dpv.x : 0.0f;
-            v[ci + 1] = !mask || c + 1 < limit ? pv.y * dpv.y : 0.0f;
+          for (int ci = 0; ci < kCols; ++ci) {
+            const bool keep = !mask || get<1>(tScS_rc(ri, ci)) < limit;
+            v[ci] = keep ? float(tSrP_rc(ri, ci)) * float(tSrdP_rc(ri, ci)) : 0.0f;
           }
           dot = quad_sum<kQuad>(tree_reduce(v, SumOp{}));
           mx = 0.0f;
@@ -277,14 +283,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           if (mx != -INFINITY) {
             float w[kCols];
             CUTE_UNROLL
-            for (int ci = 0; ci < kCols; ci += 2) {
-              const int c = get<1>(tScS_rc(ri, ci));
-              const float2 dpv = load_shared_pair(tSsdP_rc(ri, ci));
-              const bool keep0 = !mask || c < limit, keep1 = !mask || c + 1 < limit;
-              v[ci] = keep0 ? exp2_fast(acc_rc(ri, ci) * scale_log2 - mx) : 0.0f;
-              v[ci + 1] = keep1 ? exp2_fast(acc_rc(ri, ci + 1) * scale_log2 - mx) : 0.0f;
-              w[ci] = keep0 ? v[ci] * dpv.x : 0.0f;  // masked dP: never used
-              w[ci + 1] = keep1 ? v[ci + 1] * dpv.y : 0.0f;
+            for (int ci = 0; ci < kCols; ++ci) {
+              const bool keep = !mask || get<1>(tScS_rc(ri, ci)) < limit;
+              v[ci] = keep ? exp2_fast(acc_rc(ri, ci) * scale_log2 - mx) : 0.0f;
+              w[ci] = keep ? v[ci] * float(tSrdP_rc(ri, ci)) : 0.0f;  // masked dP: never used
             }
             sum = tree_reduce(v, SumOp{});
             dot = tree_reduce(w, SumOp{});
@@ -439,29 +441,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (live_t) {
       combine(t);
       Tensor tSrS_rc = make_tensor(tSrS.data(), rowcol(tSrS.layout()));  // (rows, cols)
-      Tensor tSsdP_rc = share_rc(sdP, stage);                            // (rows, cols)
-      Tensor tSsP_rc = share_rc(sP, stage);                              // (rows, cols)
+      Tensor tSrdP = load_share(sdP, stage);                              // (MMA, MMA_M, MMA_N)
+      Tensor tSrdP_rc = make_tensor(tSrdP.data(), rowcol(tSrdP.layout()));  // (rows, cols)
+      Tensor tSrP = kSavedP ? load_share(sP, stage) : make_fragment_like<Element>(tSrS);  // (MMA, MMA_M, MMA_N)
+      Tensor tSrP_rc = make_tensor(tSrP.data(), rowcol(tSrP.layout()));  // (rows, cols)
+      Tensor tSrdS = make_fragment_like<Element>(tSrS);                    // (MMA, MMA_M, MMA_N)
+      Tensor tSrdS_rc = make_tensor(tSrdS.data(), rowcol(tSrdS.layout()));  // (rows, cols)
       const int64_t m0 = row0_of(t);
       with_mask(masked(m0), [&](auto mask) {
         CUTE_UNROLL
         for (int ri = 0; ri < kRows; ++ri) {
           const int limit = mask ? col_limit(m0, get<0>(tScS_rc(ri, 0))) : kBlockN;
           CUTE_UNROLL
-          for (int ci = 0; ci < kCols; ci += 2) {
-            const int c = get<1>(tScS_rc(ri, ci));
-            const float2 dpv = load_shared_pair(tSsdP_rc(ri, ci));
-            float2 pv;
-            if constexpr (kSavedP) {
-              pv = load_shared_pair(tSsP_rc(ri, ci));
-            } else {
-              pv = make_float2(exp2_fast(tSrS_rc(ri, ci) * scale_log2 - lse2[ri]), exp2_fast(tSrS_rc(ri, ci + 1) * scale_log2 - lse2[ri]));
-            }
-            const float ds0 = !mask || c < limit ? pv.x * (dpv.x - delta[ri]) : 0.0f;
-            const float ds1 = !mask || c + 1 < limit ? pv.y * (dpv.y - delta[ri]) : 0.0f;
-            store_shared_pair(tdSsdS_rc(ri, ci), ds0, ds1);
+          for (int ci = 0; ci < kCols; ++ci) {
+            const float p = kSavedP ? float(tSrP_rc(ri, ci)) : exp2_fast(tSrS_rc(ri, ci) * scale_log2 - lse2[ri]);
+            const bool keep = !mask || get<1>(tScS_rc(ri, ci)) < limit;
+            tSrdS_rc(ri, ci) = Element(keep ? p * (float(tSrdP_rc(ri, ci)) - delta[ri]) : 0.0f);
           }
         }
       });
+      copy(r2s, thr_r2s.retile_S(tSrdS), thr_r2s.partition_D(sdS));
       cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
       __syncthreads();
       Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<BM, HD>{});  // (MMA, MMA_M, MMA_D) fp32

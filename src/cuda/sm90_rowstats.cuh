@@ -87,6 +87,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   Tensor tScS_rc = make_tensor(tScS.data(), rowcol(tScS.layout()));         // (rows, cols) → (r, c)
   constexpr int kRows = size<0>(decltype(tScS_rc.layout()){});
   constexpr int kCols = size<1>(decltype(tScS_rc.layout()){});
+  // dP and P tiles into the accumulator's layout by ldmatrix (one instruction per 8 × 8 block of a warp).
+  auto s2r = make_tiled_copy_C(Copy_Atom<SM75_U32x4_LDSM_N, typename Cfg::Element>{}, mma_s);
+  auto thr_s2r = s2r.get_thread_slice(threadIdx.x);
 
   // Running statistics of this thread's rows (identical across its quad).
   generic::OnlineRow rows[kRows];
@@ -107,10 +110,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     Tensor tSrS = partition_fragment_C(mma_s, Shape<BM, BN>{});  // (MMA, MMA_M, MMA_N) fp32
     if (need_scores) warpgroup_gemm<true>(mma_s, sQ, sK(_, _, stage), tSrS);
     Tensor tSrS_rc = make_tensor(tSrS.data(), rowcol(tSrS.layout()));                       // (rows, cols)
-    Tensor tSsdP = thr_s.partition_C(sdP(_, _, stage));
-    Tensor tSsdP_rc = make_tensor(tSsdP.data(), rowcol(tSsdP.layout()));                   // (rows, cols)
-    Tensor tSsP = thr_s.partition_C(sP(_, _, stage));
-    Tensor tSsP_rc = make_tensor(tSsP.data(), rowcol(tSsP.layout()));                      // (rows, cols)
+    Tensor tSrdP = make_fragment_like<typename Cfg::Element>(tSrS);                         // (MMA, MMA_M, MMA_N)
+    copy(s2r, thr_s2r.partition_S(sdP(_, _, stage)), thr_s2r.retile_D(tSrdP));
+    Tensor tSrP = make_fragment_like<typename Cfg::Element>(tSrS);                          // (MMA, MMA_M, MMA_N)
+    if (saved_p) copy(s2r, thr_s2r.partition_S(sP(_, _, stage)), thr_s2r.retile_D(tSrP));
+    Tensor tSrdP_rc = make_tensor(tSrdP.data(), rowcol(tSrdP.layout()));                   // (rows, cols)
+    Tensor tSrP_rc = make_tensor(tSrP.data(), rowcol(tSrP.layout()));                      // (rows, cols)
 
     CUTE_UNROLL
     for (int ri = 0; ri < kRows; ++ri) {
@@ -120,9 +125,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
       CUTE_UNROLL
       for (int ci = 0; ci < kCols; ++ci) {
         const bool live = n0 + get<1>(tScS_rc(ri, ci)) < end;
-        dpv[ci] = live ? float(tSsdP_rc(ri, ci)) : 0.0f;
+        dpv[ci] = live ? float(tSrdP_rc(ri, ci)) : 0.0f;
         if (saved_p) {
-          s[ci] = live ? float(tSsP_rc(ri, ci)) : 0.0f;  // P itself
+          s[ci] = live ? float(tSrP_rc(ri, ci)) : 0.0f;  // P itself
         } else {
           s[ci] = live ? tSrS_rc(ri, ci) * prob.scale : -INFINITY;
         }

@@ -115,8 +115,7 @@ def run_forward(frame: Frame, q: Any, k: Any, scale: float | None, causal: bool)
     p = frame.empty(shape, q.dtype)
     lse = frame.empty(shape[:-1], frame.float32)
     with frame.launch() as stream:
-        workspace = frame.workspace(_C.forward_workspace_size(q, k, p, lse, scale, causal))
-        _C.forward(q, k, p, lse, workspace, scale, causal, stream)
+        _C.forward(q, k, p, lse, frame.workspace, scale, causal, stream)
     return p, lse
 
 
@@ -129,6 +128,5 @@ def run_backward(
     dq = frame.empty(tuple(q.shape), q.dtype)
     dk = frame.empty(tuple(k.shape), k.dtype)
     with frame.launch() as stream:
-        workspace = frame.workspace(_C.backward_workspace_size(q, k, dp, p, lse, dq, dk, scale, causal))
-        _C.backward(q, k, dp, p, lse, dq, dk, workspace, scale, causal, stream)
+        _C.backward(q, k, dp, p, lse, dq, dk, frame.workspace, scale, causal, stream)
     return dq, dk

@@ -109,6 +109,14 @@ Workspace workspace_of(const OptionalOutput& workspace) {
   return {workspace->data(), workspace->nbytes()};
 }
 
+// The workspace of a call, from the caller's allocator (bytes → an array of at least that many bytes, aligned
+// as kWorkspaceAlignment asks): none when the call needs none or no allocator is given (then the C++ API
+// reports the missing workspace). Sizing inside the call converts each tensor once, not once per query.
+OptionalOutput allocate_workspace(size_t bytes, const nb::object& allocate) {
+  if (bytes == 0 || allocate.is_none()) return std::nullopt;
+  return nb::cast<Output>(allocate(bytes));
+}
+
 CUstream_st* to_stream(uintptr_t stream) { return reinterpret_cast<CUstream_st*>(stream); }
 
 size_t forward_workspace_size(const Input& q, const Input& k, const Output& p, const OptionalOutput& lse,
@@ -120,10 +128,13 @@ size_t forward_workspace_size(const Input& q, const Input& k, const Output& p, c
   return bytes;
 }
 
-void forward(const Input& q, const Input& k, const Output& p, const OptionalOutput& lse,
-             const OptionalOutput& workspace, std::optional<double> scale, bool causal, uintptr_t stream) {
+void forward(const Input& q, const Input& k, const Output& p, const OptionalOutput& lse, const nb::object& allocate,
+             std::optional<double> scale, bool causal, uintptr_t stream) {
   const auto args = forward_args(q, k, p, lse);
   const auto options = make_options(scale, causal, qksoftmax::BackwardMode::kRecompute);
+  size_t bytes = 0;
+  check(qksoftmax::forward_workspace_size(args, options, &bytes));
+  const OptionalOutput workspace = allocate_workspace(bytes, allocate);
   const Workspace ws = workspace_of(workspace);
   qksoftmax::Status status;
   {
@@ -144,10 +155,13 @@ size_t backward_workspace_size(const Input& q, const Input& k, const Input& dp, 
 }
 
 void backward(const Input& q, const Input& k, const Input& dp, const OptionalInput& p, const OptionalInput& lse,
-              const Output& dq, const Output& dk, const OptionalOutput& workspace, std::optional<double> scale,
+              const Output& dq, const Output& dk, const nb::object& allocate, std::optional<double> scale,
               bool causal, uintptr_t stream) {
   const auto args = backward_args(q, k, dp, p, lse, dq, dk);
   const auto options = make_options(scale, causal, backward_mode(p));
+  size_t bytes = 0;
+  check(qksoftmax::backward_workspace_size(args, options, &bytes));
+  const OptionalOutput workspace = allocate_workspace(bytes, allocate);
   const Workspace ws = workspace_of(workspace);
   qksoftmax::Status status;
   {
@@ -167,14 +181,16 @@ NB_MODULE(_C, m) {
 
   m.def("forward_workspace_size", &forward_workspace_size, "q"_a, "k"_a, "p"_a, "lse"_a.none(),
         "scale"_a.none(), "causal"_a, "Workspace bytes that forward needs for these arguments.");
-  m.def("forward", &forward, "q"_a, "k"_a, "p"_a, "lse"_a.none(), "workspace"_a.none(), "scale"_a.none(),
+  m.def("forward", &forward, "q"_a, "k"_a, "p"_a, "lse"_a.none(), "allocate"_a.none(), "scale"_a.none(),
         "causal"_a, "stream"_a,
-        "P = softmax(mask(scale * q k^T)) into p (and the log-sum-exp into lse) on the given CUDA stream.");
+        "P = softmax(mask(scale * q k^T)) into p (and the log-sum-exp into lse) on the given CUDA stream; "
+        "allocate(nbytes) returns the workspace when one is needed.");
 
   m.def("backward_workspace_size", &backward_workspace_size, "q"_a, "k"_a, "dp"_a, "p"_a.none(),
         "lse"_a.none(), "dq"_a, "dk"_a, "scale"_a.none(), "causal"_a,
         "Workspace bytes that backward needs for these arguments.");
   m.def("backward", &backward, "q"_a, "k"_a, "dp"_a, "p"_a.none(), "lse"_a.none(), "dq"_a, "dk"_a,
-        "workspace"_a.none(), "scale"_a.none(), "causal"_a, "stream"_a,
-        "dq, dk from dp: saved-P mode when p is given, recompute mode otherwise.");
+        "allocate"_a.none(), "scale"_a.none(), "causal"_a, "stream"_a,
+        "dq, dk from dp: saved-P mode when p is given, recompute mode otherwise; allocate(nbytes) returns the "
+        "workspace when one is needed.");
 }

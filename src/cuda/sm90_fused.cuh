@@ -256,6 +256,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     Tensor acc_rc = make_tensor(acc.data(), rowcol(acc.layout()));  // (rows, cols)
     Tensor tSrdP = load_share(sdP, stage);                            // (MMA, MMA_M, MMA_N)
     Tensor tSrdP_rc = make_tensor(tSrdP.data(), rowcol(tSrdP.layout()));  // (rows, cols)
+    Tensor tSrP = kSavedP ? load_share(sP, stage) : make_fragment_like<Element>(tSrS);  // (MMA, MMA_M, MMA_N)
+    Tensor tSrP_rc = make_tensor(tSrP.data(), rowcol(tSrP.layout()));  // (rows, cols), saved-P
     const int64_t m0 = row0_of(t);
     with_mask(masked(m0), [&](auto mask) {
       CUTE_UNROLL
@@ -265,8 +267,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         float mx = -INFINITY, sum = 0.0f, dot = 0.0f;
         float v[kCols];  // this thread's terms of the row, reduced as trees
         if constexpr (kSavedP) {
-          Tensor tSrP = load_share(sP, stage);                                 // (MMA, MMA_M, MMA_N)
-          Tensor tSrP_rc = make_tensor(tSrP.data(), rowcol(tSrP.layout()));  // (rows, cols)
           CUTE_UNROLL
           for (int ci = 0; ci < kCols; ++ci) {
             const bool keep = !mask || get<1>(tScS_rc(ri, ci)) < limit;

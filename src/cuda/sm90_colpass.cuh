@@ -105,22 +105,32 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   const float scale_log2 = prob.scale * kLog2e;
   Barrier::wait(&st.k_full, 0);
 
+  Tensor tScS_rc = make_tensor(tScS.data(), rowcol(tScS.layout()));  // (rows, cols) → (r, c)
+  constexpr int kRows = size<0>(decltype(tScS_rc.layout()){});
   for (int64_t t = 0; t < steps; ++t) {
     if (leader && t + 1 < steps) issue_step(t + 1);
     const int stage = int(t % Cfg::kStages);
-    Barrier::wait(&st.stage_full[stage], uint32_t((t / Cfg::kStages) & 1));
     const int64_t h = kv_head * prob.group() + t / steps_per_head;
     const int64_t m0 = (first_row_block + t % steps_per_head) * kBlockM;
+    // LSE and D of this thread's rows, read before the waits so that their latency hides under them.
+    float lse_log2[kRows], delta[kRows];
+    CUTE_UNROLL
+    for (int ri = 0; ri < kRows; ++ri) {
+      const int64_t row = m0 + get<0>(tScS_rc(ri, 0));
+      const bool row_live = row < prob.Sq;
+      lse_log2[ri] = row_live && !saved_p ? params.lse.ptr[params.lse.offset(b, h, row)] * kLog2e : 0.0f;
+      delta[ri] = row_live ? params.delta.ptr[params.delta.offset(b, h, row)] : 0.0f;
+    }
+    Barrier::wait(&st.stage_full[stage], uint32_t((t / Cfg::kStages) & 1));
 
+    // dP (and P) into registers first: the shared-memory reads overlap the product.
     Tensor tSrS = partition_fragment_C(mma_s, Shape<typename Cfg::BM, typename Cfg::BN>{});  // (MMA, MMA_M, MMA_N) fp32
-    if (!saved_p) warpgroup_gemm<true>(mma_s, sQ(_, _, stage), sK, tSrS);
-    // (rows, cols) views of this thread's share (two rows): LSE and D load once per row.
-    Tensor tSrS_rc = make_tensor(tSrS.data(), rowcol(tSrS.layout()));
-    Tensor tScS_rc = make_tensor(tScS.data(), rowcol(tScS.layout()));
     Tensor tSrdP = make_fragment_like<Element>(tSrS);  // (MMA, MMA_M, MMA_N)
     copy(s2r, thr_s2r.partition_S(sdP(_, _, stage)), thr_s2r.retile_D(tSrdP));
     Tensor tSrP = make_fragment_like<Element>(tSrS);  // (MMA, MMA_M, MMA_N), saved-P
     if (saved_p) copy(s2r, thr_s2r.partition_S(sP(_, _, stage)), thr_s2r.retile_D(tSrP));
+    if (!saved_p) warpgroup_gemm<true>(mma_s, sQ(_, _, stage), sK, tSrS);
+    Tensor tSrS_rc = make_tensor(tSrS.data(), rowcol(tSrS.layout()));  // (rows, cols)
     Tensor tSrdS = make_fragment_like<Element>(tSrS);  // (MMA, MMA_M, MMA_N)
     Tensor tSrdP_rc = make_tensor(tSrdP.data(), rowcol(tSrdP.layout()));
     Tensor tSrP_rc = make_tensor(tSrP.data(), rowcol(tSrP.layout()));
@@ -132,14 +142,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
         const int64_t row = m0 + get<0>(tScS_rc(ri, 0));
         const bool row_live = !mask || row < prob.Sq;
         const int limit = mask ? int(min(max((row_live ? prob.col_end(row) : 0) - n0, int64_t(0)), int64_t(kBlockN))) : kBlockN;
-        const float lse_log2 = row_live && !saved_p ? params.lse.ptr[params.lse.offset(b, h, row)] * kLog2e : 0.0f;
-        const float delta = row_live ? params.delta.ptr[params.delta.offset(b, h, row)] : 0.0f;
         CUTE_UNROLL
         for (int ci = 0; ci < size<1>(tSrS_rc); ++ci) {
           float ds = 0.0f;
           if (!mask || get<1>(tScS_rc(ri, ci)) < limit) {
-            const float p = saved_p ? float(tSrP_rc(ri, ci)) : exp2_fast(tSrS_rc(ri, ci) * scale_log2 - lse_log2);
-            ds = p * (float(tSrdP_rc(ri, ci)) - delta);
+            const float p = saved_p ? float(tSrP_rc(ri, ci)) : exp2_fast(tSrS_rc(ri, ci) * scale_log2 - lse_log2[ri]);
+            ds = p * (float(tSrdP_rc(ri, ci)) - delta[ri]);
           }
           tSrdS_rc(ri, ci) = Element(ds);
         }

@@ -426,6 +426,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // without a live step t + 1 it multiplies stale tiles and its result is never read.
     if (live_n) Barrier::wait(&st.stage_full[stage_n], uint32_t((next_index / kStages) & 1));
     if constexpr (!kSavedP) warpgroup_gemm<true, false>(mma_s, sQ(_, _, stage_n), sK, tSrSn);
+    // Step t's dP (and P) tiles into registers before the wait, whose latency then covers theirs (stale
+    // tiles when step t is not live here: never used).
+    Tensor tSrdP = load_share(sdP, stage);                              // (MMA, MMA_M, MMA_N)
+    Tensor tSrP = kSavedP ? load_share(sP, stage) : make_fragment_like<Element>(tSrS);  // (MMA, MMA_M, MMA_N)
     cluster_wait_ordered();  // phase t: statistics of step t and the dQ partials of step t − 1, everywhere
     if (t >= 1) reduce_dq(t - 1);
 
@@ -441,9 +445,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (live_t) {
       combine(t);
       Tensor tSrS_rc = make_tensor(tSrS.data(), rowcol(tSrS.layout()));  // (rows, cols)
-      Tensor tSrdP = load_share(sdP, stage);                              // (MMA, MMA_M, MMA_N)
       Tensor tSrdP_rc = make_tensor(tSrdP.data(), rowcol(tSrdP.layout()));  // (rows, cols)
-      Tensor tSrP = kSavedP ? load_share(sP, stage) : make_fragment_like<Element>(tSrS);  // (MMA, MMA_M, MMA_N)
       Tensor tSrP_rc = make_tensor(tSrP.data(), rowcol(tSrP.layout()));  // (rows, cols)
       Tensor tSrdS = make_fragment_like<Element>(tSrS);                    // (MMA, MMA_M, MMA_N)
       Tensor tSrdS_rc = make_tensor(tSrdS.data(), rowcol(tSrdS.layout()));  // (rows, cols)

@@ -242,21 +242,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_s);
   auto thr_s2r = s2r.get_thread_slice(tid);
   auto thr_r2s = r2s.get_thread_slice(tid);
-  // This thread's share of a (rows, cols) tile of stage `stage`, loaded into registers (its caller views
-  // it as (rows, cols) with rowcol).
-  const auto load_share = [&](auto& tile, int stage) {
-    Tensor frag = make_fragment_like<Element>(tSrS);  // (MMA, MMA_M, MMA_N)
+  // This thread's share of a (rows, cols) tile of stage `stage`, loaded into `frag` (MMA, MMA_M, MMA_N),
+  // which its caller views as (rows, cols) with rowcol.
+  const auto load_share = [&](auto& tile, int stage, auto& frag) {
     copy(s2r, thr_s2r.partition_S(tile(_, _, stage)), thr_s2r.retile_D(frag));
-    return frag;
   };
 
   // This warpgroup's partial statistics of step t over its 64 columns, written to slot t % kStatSlots.
   // Recompute: (max of S·scale·log2e, Σ 2^(S' − max), Σ 2^(S' − max)·dP); saved-P: (0, 0, Σ P·dP).
   const auto write_partials = [&](auto& acc, int t, int stage) {
     Tensor acc_rc = make_tensor(acc.data(), rowcol(acc.layout()));  // (rows, cols)
-    Tensor tSrdP = load_share(sdP, stage);                            // (MMA, MMA_M, MMA_N)
+    Tensor tSrdP = make_fragment_like<Element>(tSrS);                   // (MMA, MMA_M, MMA_N)
+    load_share(sdP, stage, tSrdP);
     Tensor tSrdP_rc = make_tensor(tSrdP.data(), rowcol(tSrdP.layout()));  // (rows, cols)
-    Tensor tSrP = kSavedP ? load_share(sP, stage) : make_fragment_like<Element>(tSrS);  // (MMA, MMA_M, MMA_N)
+    Tensor tSrP = make_fragment_like<Element>(tSrS);                    // (MMA, MMA_M, MMA_N), saved-P
+    if constexpr (kSavedP) load_share(sP, stage, tSrP);
     Tensor tSrP_rc = make_tensor(tSrP.data(), rowcol(tSrP.layout()));  // (rows, cols), saved-P
     const int64_t m0 = row0_of(t);
     with_mask(masked(m0), [&](auto mask) {
@@ -426,10 +426,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // without a live step t + 1 it multiplies stale tiles and its result is never read.
     if (live_n) Barrier::wait(&st.stage_full[stage_n], uint32_t((next_index / kStages) & 1));
     if constexpr (!kSavedP) warpgroup_gemm<true, false>(mma_s, sQ(_, _, stage_n), sK, tSrSn);
-    // Step t's dP (and P) tiles into registers before the wait, whose latency then covers theirs (stale
-    // tiles when step t is not live here: never used).
-    Tensor tSrdP = load_share(sdP, stage);                              // (MMA, MMA_M, MMA_N)
-    Tensor tSrP = kSavedP ? load_share(sP, stage) : make_fragment_like<Element>(tSrS);  // (MMA, MMA_M, MMA_N)
+    // Step t's dP (and P) tiles into registers before the wait, whose latency then covers theirs.
+    Tensor tSrdP = make_fragment_like<Element>(tSrS);  // (MMA, MMA_M, MMA_N)
+    Tensor tSrP = make_fragment_like<Element>(tSrS);   // (MMA, MMA_M, MMA_N), saved-P
+    if (live_t) {
+      load_share(sdP, stage, tSrdP);
+      if constexpr (kSavedP) load_share(sP, stage, tSrP);
+    }
     cluster_wait_ordered();  // phase t: statistics of step t and the dQ partials of step t − 1, everywhere
     if (t >= 1) reduce_dq(t - 1);
 

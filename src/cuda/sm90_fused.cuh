@@ -377,10 +377,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const auto reduce_dq = [&](int t) {
     const int slot = int(t % Cfg::kDqSlots);
     const int64_t m0 = row0_of(t), h = head_of(t), end = step_end(t);
-    const int quads = dq_slice / 4;
-    Element* dq = static_cast<Element*>(dq_op.ptr);
+    const int quads = dq_slice / 4, quads_log2 = __ffs(quads) - 1;  // a power of two
+    Element* dq_rows = static_cast<Element*>(dq_op.ptr) + dq_op.offset(b, h, m0, 0);  // row m0 of the step
     for (int i = tid; i < kBlockM * quads; i += Cfg::kThreads) {
-      const int r = i / quads, d = int(rank) * dq_slice + 4 * (i % quads);
+      const int r = i >> quads_log2, d = int(rank) * dq_slice + 4 * (i & (quads - 1));
       const uint32_t local = smem_addr(&st.dq[slot][r * Cfg::kDqRow + d]);
       float4 part[Cfg::kMaxCluster];
       CUTE_UNROLL
@@ -396,7 +396,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         sum.z += part[c].z;
         sum.w += part[c].w;
       }
-      if (m0 + r < Sq) store_scaled(dq + dq_op.offset(b, h, m0 + r, d), sum, scale, dq_vector);
+      if (m0 + r < Sq) store_scaled(dq_rows + r * dq_op.sr + d * dq_op.sc, sum, scale, dq_vector);
     }
   };
 

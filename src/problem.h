@@ -1,6 +1,7 @@
 // The validated, normalised form of a call: what both backends receive. Built by validate.cpp only.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -32,6 +33,24 @@ constexpr size_t dtype_size(DType t) {
 
 enum class Pass : uint8_t { kForward, kBackward };
 
+// The mask's geometry: which key columns each query row sees. Small enough for a kernel to keep in registers.
+struct KeyRange {
+  bool causal = false;
+  int64_t Sq = 0, Sk = 0;
+
+  // Last key column that query row i may see, plus one (causal: i + 1, clipped to Sk).
+  constexpr int64_t col_end(int64_t i) const { return causal ? std::min(i + 1, Sk) : Sk; }
+  // How many of the columns [n0, n0 + width) row i sees, in [0, width]; none for a row past Sq.
+  constexpr int cols_in(int64_t i, int64_t n0, int width) const {
+    return i < Sq ? int(std::min(std::max(col_end(i) - n0, int64_t(0)), int64_t(width))) : 0;
+  }
+  // Whether the tile of rows [m0, m0 + rows) and columns [n0, n0 + width) has an element that some row does
+  // not see, or rows past Sq (col_end grows with the row: the tile's first row decides).
+  constexpr bool cuts(int64_t m0, int rows, int64_t n0, int width) const {
+    return n0 + width > col_end(m0) || m0 + rows > Sq;
+  }
+};
+
 struct Problem {
   Pass pass = Pass::kForward;
   int64_t B = 0, Hq = 0, Hk = 0, Sq = 0, Sk = 0, D = 0;
@@ -49,10 +68,8 @@ struct Problem {
   Operand out_p, out_lse, dq, dk;
 
   constexpr int64_t group() const { return Hq / Hk; }  // query heads per key head
-  // Last key column that query row i may see, plus one (causal: i + 1, clipped to Sk).
-  constexpr int64_t col_end(int64_t i) const {
-    return mask == Mask::kCausal ? (i + 1 < Sk ? i + 1 : Sk) : Sk;
-  }
+  constexpr KeyRange keys() const { return {mask == Mask::kCausal, Sq, Sk}; }
+  constexpr int64_t col_end(int64_t i) const { return keys().col_end(i); }
 };
 
 }  // namespace qksoftmax

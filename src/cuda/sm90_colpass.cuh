@@ -101,6 +101,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   auto thr_s2r = s2r.get_thread_slice(threadIdx.x);
   auto thr_r2s = r2s.get_thread_slice(threadIdx.x);
 
+  const KeyRange keys = prob.keys();
   constexpr float kLog2e = 1.4426950408889634f;
   const float scale_log2 = prob.scale * kLog2e;
   Barrier::wait(&st.k_full, 0);
@@ -135,13 +136,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     Tensor tSrdP_rc = make_tensor(tSrdP.data(), rowcol(tSrdP.layout()));
     Tensor tSrP_rc = make_tensor(tSrP.data(), rowcol(tSrP.layout()));
     Tensor tSrdS_rc = make_tensor(tSrdS.data(), rowcol(tSrdS.layout()));
-    // Only a tile that the mask or the last row cuts pays for per-element compares (col_end grows with the row).
-    with_mask(n0 + kBlockN > prob.col_end(m0) || m0 + kBlockM > prob.Sq, [&](auto mask) {
+    // Only a tile that the mask or the last row cuts pays for per-element compares.
+    with_mask(keys.cuts(m0, kBlockM, n0, kBlockN), [&](auto mask) {
       CUTE_UNROLL
       for (int ri = 0; ri < size<0>(tSrS_rc); ++ri) {
         const int64_t row = m0 + get<0>(tScS_rc(ri, 0));
-        const bool row_live = !mask || row < prob.Sq;
-        const int limit = mask ? int(min(max((row_live ? prob.col_end(row) : 0) - n0, int64_t(0)), int64_t(kBlockN))) : kBlockN;
+        const int limit = mask ? keys.cols_in(row, n0, kBlockN) : kBlockN;
         CUTE_UNROLL
         for (int ci = 0; ci < size<1>(tSrS_rc); ++ci) {
           float ds = 0.0f;

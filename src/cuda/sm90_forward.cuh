@@ -94,10 +94,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
 
   const Problem& prob = params.prob;
   const int64_t Sq = prob.Sq, Sk = prob.Sk;
-  const bool causal = prob.mask == Mask::kCausal;
   const float scale_log2 = prob.scale * kLog2e;
   const Operand lse_op = prob.out_lse;
-  const auto col_end = [=](int64_t row) { return causal ? min(row + 1, Sk) : Sk; };
+  const KeyRange keys = prob.keys();
 
   const int64_t row_blocks = (Sq + kBlockM - 1) / kBlockM;
   const int64_t mb = blockIdx.x % row_blocks;
@@ -105,7 +104,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   const int64_t kv_head = h / prob.group();
   const int64_t m0 = mb * kBlockM;
   const int col_blocks = int((Sk + kBlockN - 1) / kBlockN);
-  const int live_blocks = int((col_end(min(m0 + kBlockM, Sq) - 1) + kBlockN - 1) / kBlockN);
+  const int live_blocks = int((keys.col_end(min(m0 + kBlockM, Sq) - 1) + kBlockN - 1) / kBlockN);
   const int tid = threadIdx.x;
 
   Tensor sQ = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQ{});  // (BM, D)
@@ -172,14 +171,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   static_assert(kCols % 2 == 0, "accumulator columns come in adjacent pairs");
 
   // Columns of key block j that row m0 + r may see: [0, limit), in [0, kBlockN].
-  const auto col_limit = [&](int j, int r) {
-    const int64_t row = m0 + r;
-    return row < Sq ? int(min(max(col_end(row) - int64_t(j) * kBlockN, int64_t(0)), int64_t(kBlockN))) : 0;
-  };
-
-  // Key block j has masked elements for some row of this CTA (rows past Sq are never stored: not counted).
-  // col_end grows with the row, so the CTA's first row decides.
-  const auto masked = [&](int j) { return int64_t(j + 1) * kBlockN > col_end(m0); };
+  const auto col_limit = [&](int j, int r) { return keys.cols_in(m0 + r, int64_t(j) * kBlockN, kBlockN); };
+  // Only the key blocks that the mask or the last row cuts pay for per-element compares.
+  const auto masked = [&](int j) { return keys.cuts(m0, kBlockM, int64_t(j) * kBlockN, kBlockN); };
 
   // P tiles from the accumulator's layout into shared memory by stmatrix (one instruction per 8 × 8 block).
   auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_s);

@@ -137,10 +137,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int cluster = params.cluster, dq_slice = params.dq_slice;
   // The fields read in the loops, in registers (prob lives in parameter memory).
   const int64_t Sq = prob.Sq, Sk = prob.Sk, group = prob.group();
-  const bool causal = prob.mask == Mask::kCausal;
   const float scale = prob.scale;
   const Operand dq_op = prob.dq, dk_op = prob.dk;
-  const auto col_end = [=](int64_t row) { return causal ? min(row + 1, Sk) : Sk; };
+  const KeyRange keys = prob.keys();
   const uint32_t rank = blockIdx.x % cluster;  // the cluster spans consecutive blocks along x
   const int64_t head_block = blockIdx.x / cluster;  // (batch, key head)
   const int64_t b = head_block / prob.Hk, kv_head = head_block % prob.Hk;
@@ -155,7 +154,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const auto head_of = [&](int t) { return kv_head * group + t / row_blocks; };
   const auto row0_of = [&](int t) { return int64_t(t % row_blocks) * kBlockM; };
   // One past the last key column that some row of step t may see.
-  const auto step_end = [&](int t) { return col_end(min(row0_of(t) + kBlockM, Sq) - 1); };
+  const auto step_end = [&](int t) { return keys.col_end(min(row0_of(t) + kBlockM, Sq) - 1); };
   // A step is live for this CTA when some element of its tile is unmasked.
   const auto live = [&](int t) { return n0 < step_end(t); };
 
@@ -227,14 +226,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr int kCols = size<1>(decltype(tScS_rc.layout()){});
   static_assert(kCols % 2 == 0, "accumulator columns come in adjacent pairs");
   // Columns of this CTA's block that row m0 + r may see: [0, limit), in [0, kBlockN].
-  const auto col_limit = [&](int64_t m0, int r) {
-    const int64_t row = m0 + r;
-    return row < Sq ? int(min(max(col_end(row) - n0, int64_t(0)), int64_t(kBlockN))) : 0;
-  };
-
-  // Whether the tile of rows [m0, m0 + kBlockM) has elements outside the mask or past the last row (col_end
-  // grows with the row: the first row decides); only such tiles pay for per-element compares.
-  const auto masked = [&](int64_t m0) { return n0 + kBlockN > col_end(m0) || m0 + kBlockM > Sq; };
+  const auto col_limit = [&](int64_t m0, int r) { return keys.cols_in(m0 + r, n0, kBlockN); };
+  // Only the tiles that the mask or the last row cuts pay for per-element compares.
+  const auto masked = [&](int64_t m0) { return keys.cuts(m0, kBlockM, n0, kBlockN); };
 
   // 16-bit tiles between shared memory and the accumulator's layout by ldmatrix / stmatrix: one instruction
   // per 8 × 8 block of a warp instead of a 32-bit access (and its swizzled address) per column pair.

@@ -63,10 +63,12 @@ bool sm90_tma_ready(const Problem& prob) {
          tma_compatible(prob.dp, e) && (!prob.p.present() || tma_compatible(prob.p, e));
 }
 
-// Rows the fused backward takes (given TMA-ready tensors). It sums in a fixed order (no atomics), so it
-// serves deterministic calls too; the two-pass backward does not.
+// The fused backward serves deterministic calls (it sums in a fixed order, no atomics) on the rows it takes
+// (given TMA-ready tensors). Elsewhere the two-pass backward is faster: seed16 bf16 on the H200
+// (2026-11-30, 15:48–15:54Z) saved-P 535 µs mean against the fused kernel's 936, recompute 623 against 862; the fused
+// kernel won only at B ≤ 2, S ≤ 256, by at most 13 % (docs/PERFORMANCE.md, v5).
 bool sm90_fused_fits(const Problem& prob) {
-  return prob.Sk <= (prob.mode == BackwardMode::kSavedP ? kSm90FusedMaxSk : kSm90FusedRecomputeMaxSk);
+  return prob.deterministic && prob.Sk <= kSm90FusedMaxSk;
 }
 
 }  // namespace

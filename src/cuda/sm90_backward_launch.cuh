@@ -3,6 +3,8 @@
 
 #include <cuda_runtime.h>
 
+#include <climits>
+#include <string>
 #include <tuple>
 
 #include "cuda/generic_launch.cuh"
@@ -38,7 +40,35 @@ auto backward_views(const Problem& prob) {
                                            prob.B));
 }
 
+// The TMA descriptors of the two-warpgroup step's inputs (fused kernel, column pass).
+template <class Tiles>
+typename Tiles::Loads step_loads(const Problem& prob) {
+  using namespace cute;
+  const auto [q, k, dp, p] = backward_views<typename Tiles::Element, typename Tiles::HD>(prob);
+  return {make_tma_copy(SM90_TMA_LOAD{}, q, typename Tiles::SmemLayoutQ{}(_, _, 0)),
+          make_tma_copy(SM90_TMA_LOAD{}, k, typename Tiles::SmemLayoutK{}),
+          make_tma_copy(SM90_TMA_LOAD{}, dp, typename Tiles::SmemLayoutP{}(_, _, 0)),
+          make_tma_copy(SM90_TMA_LOAD{}, p, typename Tiles::SmemLayoutP{}(_, _, 0))};
+}
+
 }  // namespace sm90
+
+template <class Cfg, class ColCfg>
+Status run_sm90_colpass(const Problem& prob, const generic::Params& rows, float* dq_accum, CUstream_st* stream) {
+  using namespace cute;
+  constexpr const char* kName = "sm90 column pass";
+  const auto accum = make_tensor(make_gmem_ptr(dq_accum),
+                                 make_shape(int32_t(prob.Sq), typename Cfg::HD{}, int32_t(prob.Hq), int32_t(prob.B)),
+                                 make_stride(int64_t(Cfg::kHeadDim), _1{}, prob.Sq * Cfg::kHeadDim,
+                                             prob.Hq * prob.Sq * Cfg::kHeadDim));
+  const typename ColCfg::Params params{
+      prob, sm90::step_loads<ColCfg>(prob),
+      make_tma_copy(SM90_TMA_REDUCE_ADD{}, accum, typename ColCfg::SmemLayoutdQ{}(_, _, 0)), rows.lse, rows.delta};
+  const int64_t steps = (prob.Sq + ColCfg::kBlockM - 1) / ColCfg::kBlockM * prob.group();
+  if (steps > INT_MAX) return {Code::kUnsupported, std::string(kName) + ": more than 2^31 - 1 row blocks per head"};
+  const int64_t col_tiles = (prob.Sk + ColCfg::kBlockN - 1) / ColCfg::kBlockN * prob.B * prob.Hk;
+  return launch<ColCfg>(sm90::colpass_kernel<ColCfg>, kName, col_tiles, params, stream);
+}
 
 template <class Cfg>
 Status run_sm90_backward(const Problem& prob, void* workspace, CUstream_st* stream) {
@@ -53,27 +83,26 @@ Status run_sm90_backward(const Problem& prob, void* workspace, CUstream_st* stre
   const auto [q, k, dp, p] = sm90::backward_views<Element, HD>(prob);
   const typename Cfg::Params params{
       prob,
-      make_tma_copy(SM90_TMA_LOAD{}, q, typename Cfg::SmemLayoutQ{}(_, _, 0)),
       make_tma_copy(SM90_TMA_LOAD{}, k, typename Cfg::SmemLayoutK{}),
       make_tma_copy(SM90_TMA_LOAD{}, q, typename Cfg::SmemLayoutK{}),
       make_tma_copy(SM90_TMA_LOAD{}, dp, typename Cfg::SmemLayoutP{}(_, _, 0)),
       make_tma_copy(SM90_TMA_LOAD{}, p, typename Cfg::SmemLayoutP{}(_, _, 0)),
       rows.lse,
       rows.delta,
-      rows.lse_given,
-      dq_accum};
+      rows.lse_given};
 
   const int64_t row_tiles = (prob.Sq + Cfg::kBlockM - 1) / Cfg::kBlockM * prob.B * prob.Hq;
   if (Status s = launch<Cfg>(sm90::rowstats_kernel<Cfg>, "sm90 row statistics", row_tiles, params, stream); !s.ok()) {
     return s;
   }
   if (cudaMemsetAsync(dq_accum, 0, dq_accum_bytes(prob), stream) != cudaSuccess) return launch_status("dq clear");
-  const int64_t col_tiles = (prob.Sk + Cfg::kBlockN - 1) / Cfg::kBlockN * prob.B * prob.Hk;
-  if (Status s = launch<Cfg>(sm90::colpass_kernel<Cfg>, "sm90 column pass", col_tiles, params, stream); !s.ok()) {
-    return s;
-  }
-  const int64_t total = prob.B * prob.Hq * prob.Sq * Cfg::kHeadDim;
-  const int64_t blocks = std::min<int64_t>((total + kConvertThreads - 1) / kConvertThreads, kConvertBlocksMax);
+  const Status s = prob.mode == BackwardMode::kSavedP
+                       ? run_sm90_colpass<Cfg, sm90::ColPassConfig<Element, Cfg::kHeadDim, true>>(prob, rows, dq_accum, stream)
+                       : run_sm90_colpass<Cfg, sm90::ColPassConfig<Element, Cfg::kHeadDim, false>>(prob, rows, dq_accum, stream);
+  if (!s.ok()) return s;
+  constexpr int kRowsPerBlock = kConvertThreads / (Cfg::kHeadDim / 4);
+  const int64_t dq_rows = prob.B * prob.Hq * prob.Sq;
+  const int64_t blocks = std::min<int64_t>((dq_rows + kRowsPerBlock - 1) / kRowsPerBlock, kConvertBlocksMax);
   sm90::convert_dq_kernel<Element, Cfg::kHeadDim><<<unsigned(blocks), kConvertThreads, 0, stream>>>(prob, dq_accum);
   return launch_status("convert dq");
 }

@@ -1,12 +1,14 @@
-// Hopper backward, column pass (FlashAttention-2/3 shape): one CTA (one warpgroup) owns a 64-column block of
-// a key head; dK stays in registers while the row blocks of every query head of its group stream through
-// shared memory by TMA (two stages). Per row block:
-//   recompute: S = Q Kᵀ (wgmma), P = exp(S − LSE);  saved-P: P from the P tile
-//   dS = P ∘ (dP − D)  → shared memory (bf16/fp16)
-//   dQ partial = dS K (wgmma) → fp32 atomics into an accumulator in the workspace
-//   dK        += dSᵀ Q (wgmma)
-// LSE and D come from the row-statistics pass (sm90_rowstats.cuh). A convert kernel scales dQ at the end.
-// Needs 16-byte aligned tensors with 16-byte multiple strides (TMA); not deterministic (atomics).
+// Hopper backward, column pass (FlashAttention-3's backward shape, statistics given): one CTA of two
+// warpgroups owns a 128-column block of a key head; K and the dK accumulator stay on chip while the row blocks
+// of every query head of its group stream through shared memory by TMA. Per 64-row block t:
+//   recompute: S = Q Kᵀ (wgmma, issued a step ahead), P = 2^(S·scale·log2e − LSE·log2e);  saved-P: P tile
+//   dS = P ∘ (dP − D) → shared memory (16-bit, stmatrix)
+//   dK += dSᵀ Q (wgmma, registers)
+//   dQ partial = dS K (wgmma) → shared memory (fp32) → one TMA reduce-add into the fp32 accumulator
+// LSE and D come from the row statistics (sm90_rowstats.cuh); convert_dq_kernel scales and converts dQ.
+// The warpgroups split the 128 columns for S and dK and the head dimensions for dQ. Thread 0 issues the TMA
+// loads up to kStages steps ahead and the reduce-adds (two dQ buffers: the add of step t drains while step
+// t + 1 runs). Needs TMA-ready tensors; not deterministic (the adds of different CTAs land in any order).
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -17,182 +19,262 @@ namespace qksoftmax::cuda::sm90 {
 
 using namespace cute;
 
+template <class Element_, int kHeadDim_, bool kSavedP_>
+struct ColPassConfig : StepTiles<Element_, kHeadDim_, kSavedP_> {
+  using Base = StepTiles<Element_, kHeadDim_, kSavedP_>;
+  using Element = Element_;
+  static constexpr int kDqBuffers = 2;
+  using typename Base::BM;
+  using typename Base::HD;
+
+  // fp32 dQ partials, 128-byte swizzled (rows 8 apart in different banks) as TMA reads them.
+  using SmemLayoutdQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{},
+                                              Shape<BM, HD, Int<kDqBuffers>>{}));  // (rows, d, buffer)
+
+  // The fp32 accumulator (rows, d, head, batch), contiguous, reduce-added to.
+  using TmadQ = decltype(make_tma_copy(
+      SM90_TMA_REDUCE_ADD{},
+      make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)), Shape<int32_t, HD, int32_t, int32_t>{},
+                  Stride<int64_t, _1, int64_t, int64_t>{}),
+      decltype(SmemLayoutdQ{}(_, _, 0)){}));
+
+  struct Storage : Base::Tiles {
+    alignas(1024) cute::array<float, cosize_v<SmemLayoutdQ>> dq;
+    alignas(8) uint64_t stage_full[Base::kStages];
+    alignas(8) uint64_t k_full;
+  };
+  static constexpr int kSmemBytes = int(sizeof(Storage));
+
+  struct Params {
+    Problem prob;
+    typename Base::Loads tma;
+    TmadQ tma_dq;
+    generic::RowVec lse;    // recompute: log-sum-exp of each row
+    generic::RowVec delta;  // D of each row
+  };
+};
+
 template <class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
     colpass_kernel(CUTE_GRID_CONSTANT const typename Cfg::Params params) {
   using Element = typename Cfg::Element;
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
-  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim;
+  using BM = typename Cfg::BM;
+  using BN = typename Cfg::BN;
+  using HD = typename Cfg::HD;
+  constexpr bool kSavedP = Cfg::kSavedP;
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
+  constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(128) char smem_raw[];
-  auto& st = *reinterpret_cast<typename Cfg::ColPassStorage*>(smem_raw);
+  auto& st = *reinterpret_cast<typename Cfg::Storage*>(smem_raw);
 
   const Problem& prob = params.prob;
-  const bool saved_p = prob.mode == BackwardMode::kSavedP;
+  const int64_t Sq = prob.Sq, group = prob.group();
+  const KeyRange keys = prob.keys();
   const int64_t col_blocks = (prob.Sk + kBlockN - 1) / kBlockN;
   const generic::TileCoord tile = generic::tile_coord(col_blocks, prob.Hk);
-  const int64_t b = tile.b, kv_head = tile.h, n0 = tile.tile * kBlockN;
-  const int64_t row_blocks = (prob.Sq + kBlockM - 1) / kBlockM;
-  const int64_t first_row_block = prob.mask == Mask::kCausal ? n0 / kBlockM : 0;
-  const int64_t steps_per_head = row_blocks > first_row_block ? row_blocks - first_row_block : 0;
-  const int64_t steps = steps_per_head * prob.group();
-  const bool leader = threadIdx.x == 0;
+  const int64_t b = tile.b, kv_head = tile.h, nb = tile.tile, n0 = nb * kBlockN;
+  const int row_blocks = int((Sq + kBlockM - 1) / kBlockM);
+  // Causal: the row blocks above this column block see none of it.
+  const int first_row_block = min(keys.causal ? int(n0 / kBlockM) : 0, row_blocks);
+  const int steps_per_head = row_blocks - first_row_block;
+  const int steps = steps_per_head * int(group);  // (query head of the group, row block); fits 32 bits
+  const int tid = threadIdx.x;
+  const bool leader = tid == 0;
+  const float scale_log2 = prob.scale * kLog2e;
 
-  Tensor sQ = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQ{});      // (BM, D, ST)
-  Tensor sQt = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQt{});    // (D, BM, ST)
-  Tensor sK = make_tensor(make_smem_ptr(st.k.data()), typename Cfg::SmemLayoutK{});      // (BN, D)
-  Tensor sKt = make_tensor(make_smem_ptr(st.k.data()), typename Cfg::SmemLayoutKt{});    // (D, BN)
-  Tensor sdP = make_tensor(make_smem_ptr(st.dp.data()), typename Cfg::SmemLayoutP{});    // (BM, BN, ST)
-  Tensor sP = make_tensor(make_smem_ptr(st.p.data()), typename Cfg::SmemLayoutP{});      // (BM, BN, ST)
-  Tensor sdS = make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdS{});   // (BM, BN)
-  Tensor sdSt = make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdSt{}); // (BN, BM)
+  const auto head_of = [&](int t) { return kv_head * group + t / steps_per_head; };
+  const auto block_of = [&](int t) { return first_row_block + t % steps_per_head; };
 
-  Tensor mQ = params.tma_q.get_tma_tensor(make_shape(int32_t(prob.Sq), Int<kHeadDim>{}, int32_t(prob.Hq), int32_t(prob.B)));
-  Tensor mK = params.tma_k.get_tma_tensor(make_shape(int32_t(prob.Sk), Int<kHeadDim>{}, int32_t(prob.Hk), int32_t(prob.B)));
-  Tensor mdP = params.tma_dp.get_tma_tensor(make_shape(int32_t(prob.Sq), int32_t(prob.Sk), int32_t(prob.Hq), int32_t(prob.B)));
-  Tensor mP = params.tma_p.get_tma_tensor(make_shape(int32_t(prob.Sq), int32_t(prob.Sk), int32_t(prob.Hq), int32_t(prob.B)));
+  Tensor sQ = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQ{});       // (BM, D, ST)
+  Tensor sQt = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQt{});     // (D, BM, ST)
+  Tensor sK = make_tensor(make_smem_ptr(st.k.data()), typename Cfg::SmemLayoutK{});       // (BN, D)
+  Tensor sKt = make_tensor(make_smem_ptr(st.k.data()), typename Cfg::SmemLayoutKt{});     // (D, BN)
+  Tensor sdP = make_tensor(make_smem_ptr(st.dp.data()), typename Cfg::SmemLayoutP{});     // (BM, BN, ST)
+  Tensor sP = make_tensor(make_smem_ptr(st.p.data()), typename Cfg::SmemLayoutP{});       // (BM, BN, ST), saved-P
+  Tensor sdS = make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdS{});    // (BM, BN)
+  Tensor sdSt = make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdSt{});  // (BN, BM)
+  Tensor sdQ = make_tensor(make_smem_ptr(st.dq.data()), typename Cfg::SmemLayoutdQ{});    // (BM, D, 2) fp32
+
+  Tensor mQ = params.tma.q.get_tma_tensor(make_shape(int32_t(Sq), HD{}, int32_t(prob.Hq), int32_t(prob.B)));
+  Tensor mK = params.tma.k.get_tma_tensor(make_shape(int32_t(prob.Sk), HD{}, int32_t(prob.Hk), int32_t(prob.B)));
+  Tensor mdP = params.tma.dp.get_tma_tensor(make_shape(int32_t(Sq), int32_t(prob.Sk), int32_t(prob.Hq), int32_t(prob.B)));
+  Tensor mP = params.tma.p.get_tma_tensor(make_shape(int32_t(Sq), int32_t(prob.Sk), int32_t(prob.Hq), int32_t(prob.B)));
+  Tensor mdQ = params.tma_dq.get_tma_tensor(make_shape(int32_t(Sq), HD{}, int32_t(prob.Hq), int32_t(prob.B)));
 
   if (leader) {
-    for (int s = 0; s < Cfg::kStages; ++s) Barrier::init(&st.stage_full[s], 1);
+    for (int s = 0; s < kStages; ++s) Barrier::init(&st.stage_full[s], 1);
     Barrier::init(&st.k_full, 1);
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
 
-  // The leader issues the TMA loads of step t (query head, row block) into stage t % kStages.
-  const auto issue_step = [&](int64_t t) {
-    const int64_t h = kv_head * prob.group() + t / steps_per_head;
-    const int64_t mb = first_row_block + t % steps_per_head;
-    const int stage = int(t % Cfg::kStages);
-    Barrier::arrive_and_expect_tx(&st.stage_full[stage], Cfg::kQBytes + Cfg::kPBytes * (saved_p ? 2 : 1));
-    Tensor gQ = local_tile(mQ(_, _, h, b), Shape<typename Cfg::BM, typename Cfg::HD>{}, make_coord(mb, 0));  // (BM, D)
-    Tensor gdP = local_tile(mdP(_, _, h, b), Shape<typename Cfg::BM, typename Cfg::BN>{}, make_coord(mb, n0 / kBlockN));
-    auto [tQgQ, tQsQ] = tma_partition(params.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ(_, _, stage)), group_modes<0, 2>(gQ));
-    copy(params.tma_q.with(st.stage_full[stage]), tQgQ, tQsQ);
-    auto [tPgdP, tPsdP] = tma_partition(params.tma_dp, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdP(_, _, stage)), group_modes<0, 2>(gdP));
-    copy(params.tma_dp.with(st.stage_full[stage]), tPgdP, tPsdP);
-    if (saved_p) {
-      Tensor gP = local_tile(mP(_, _, h, b), Shape<typename Cfg::BM, typename Cfg::BN>{}, make_coord(mb, n0 / kBlockN));
-      auto [tPgP, tPsP] = tma_partition(params.tma_p, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sP(_, _, stage)), group_modes<0, 2>(gP));
-      copy(params.tma_p.with(st.stage_full[stage]), tPgP, tPsP);
+  // The leader's loads of step t into stage t % kStages.
+  const auto load_step = [&](int t) {
+    const int stage = t % kStages;
+    const int64_t h = head_of(t), mb = block_of(t);
+    Barrier::arrive_and_expect_tx(&st.stage_full[stage], Cfg::kStageBytes);
+    Tensor gQ = local_tile(mQ(_, _, h, b), Shape<BM, HD>{}, make_coord(mb, 0));  // (BM, D)
+    auto [tQgQ, tQsQ] = tma_partition(params.tma.q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ(_, _, stage)), group_modes<0, 2>(gQ));
+    copy(params.tma.q.with(st.stage_full[stage]), tQgQ, tQsQ);
+    Tensor gdP = local_tile(mdP(_, _, h, b), Shape<BM, BN>{}, make_coord(mb, nb));  // (BM, BN)
+    auto [tPgdP, tPsdP] = tma_partition(params.tma.dp, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdP(_, _, stage)), group_modes<0, 2>(gdP));
+    copy(params.tma.dp.with(st.stage_full[stage]), tPgdP, tPsdP);
+    if constexpr (kSavedP) {
+      Tensor gP = local_tile(mP(_, _, h, b), Shape<BM, BN>{}, make_coord(mb, nb));  // (BM, BN)
+      auto [tPgP, tPsP] = tma_partition(params.tma.p, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sP(_, _, stage)), group_modes<0, 2>(gP));
+      copy(params.tma.p.with(st.stage_full[stage]), tPgP, tPsP);
     }
   };
+  const auto stage_wait = [&](int t) { Barrier::wait(&st.stage_full[t % kStages], uint32_t((t / kStages) & 1)); };
 
   if (leader) {
     Barrier::arrive_and_expect_tx(&st.k_full, Cfg::kKBytes);
-    Tensor gK = local_tile(mK(_, _, kv_head, b), Shape<typename Cfg::BN, typename Cfg::HD>{}, make_coord(n0 / kBlockN, 0));
-    auto [tKgK, tKsK] = tma_partition(params.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-    copy(params.tma_k.with(st.k_full), tKgK, tKsK);
-    if (steps > 0) issue_step(0);
+    Tensor gK = local_tile(mK(_, _, kv_head, b), Shape<BN, HD>{}, make_coord(nb, 0));  // (BN, D)
+    auto [tKgK, tKsK] = tma_partition(params.tma.k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+    copy(params.tma.k.with(st.k_full), tKgK, tKsK);
+    for (int t = 0; t < min(steps, kStages); ++t) load_step(t);
   }
 
   typename Cfg::MmaS mma_s;
   typename Cfg::MmadQ mma_dq;
   typename Cfg::MmadK mma_dk;
-  auto thr_s = mma_s.get_thread_slice(threadIdx.x);
-  Tensor tdKrdK = partition_fragment_C(mma_dk, Shape<typename Cfg::BN, typename Cfg::HD>{});  // (MMA, MMA_N, MMA_D) fp32
+  auto thr_s = mma_s.get_thread_slice(tid);
+  auto thr_dq = mma_dq.get_thread_slice(tid);
+  Tensor tSrS = partition_fragment_C(mma_s, Shape<BM, BN>{});     // (MMA, MMA_M, MMA_N) fp32
+  Tensor tdKrdK = partition_fragment_C(mma_dk, Shape<BN, HD>{});  // (MMA, MMA_N, MMA_D) fp32
   clear(tdKrdK);
-  Tensor tScS = thr_s.partition_C(make_identity_tensor(Shape<typename Cfg::BM, typename Cfg::BN>{}));  // (r, c) per element
-  Tensor tdQcdQ = mma_dq.get_thread_slice(threadIdx.x).partition_C(
-      make_identity_tensor(Shape<typename Cfg::BM, typename Cfg::HD>{}));  // (r, d) per element
-  // dP, P and dS between shared memory and the accumulator's layout by ldmatrix / stmatrix (one instruction
-  // per 8 × 8 block of a warp instead of a 16-bit access per element).
+  Tensor tScS = thr_s.partition_C(make_identity_tensor(Shape<BM, BN>{}));  // (MMA, MMA_M, MMA_N) → (r, c)
+  Tensor tScS_rc = make_tensor(tScS.data(), rowcol(tScS.layout()));         // (rows, cols) → (r, c)
+  Tensor tdQsdQ = thr_dq.partition_C(sdQ);                                   // (MMA, MMA_M, MMA_D, 2) fp32
+  constexpr int kRows = size<0>(decltype(tScS_rc.layout()){});
+  constexpr int kCols = size<1>(decltype(tScS_rc.layout()){});
+
+  // 16-bit tiles between shared memory and the accumulator's layout by ldmatrix / stmatrix.
   auto s2r = make_tiled_copy_C(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma_s);
   auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_s);
-  auto thr_s2r = s2r.get_thread_slice(threadIdx.x);
-  auto thr_r2s = r2s.get_thread_slice(threadIdx.x);
+  auto thr_s2r = s2r.get_thread_slice(tid);
+  auto thr_r2s = r2s.get_thread_slice(tid);
 
-  const KeyRange keys = prob.keys();
-  constexpr float kLog2e = 1.4426950408889634f;
-  const float scale_log2 = prob.scale * kLog2e;
-  Barrier::wait(&st.k_full, 0);
+  if (steps > 0) Barrier::wait(&st.k_full, 0);
+  if constexpr (!kSavedP) {  // S of step 0, waited for here (a product in flight past the loop's entry test
+    if (steps > 0) {         // would make ptxas wait for it there anyway)
+      stage_wait(0);
+      warpgroup_gemm<true>(mma_s, sQ(_, _, 0), sK, tSrS);
+    }
+  }
 
-  Tensor tScS_rc = make_tensor(tScS.data(), rowcol(tScS.layout()));  // (rows, cols) → (r, c)
-  constexpr int kRows = size<0>(decltype(tScS_rc.layout()){});
-  for (int64_t t = 0; t < steps; ++t) {
-    if (leader && t + 1 < steps) issue_step(t + 1);
-    const int stage = int(t % Cfg::kStages);
-    const int64_t h = kv_head * prob.group() + t / steps_per_head;
-    const int64_t m0 = (first_row_block + t % steps_per_head) * kBlockM;
-    // LSE and D of this thread's rows, read before the waits so that their latency hides under them.
-    float lse_log2[kRows], delta[kRows];
+  for (int t = 0; t < steps; ++t) {
+    const int stage = t % kStages;
+    const int64_t h = head_of(t), m0 = int64_t(block_of(t)) * kBlockM;
+    // This thread's rows' LSE and D: global loads issued before the waits, which cover their latency.
+    float lse2[kRows], delta[kRows];
     CUTE_UNROLL
     for (int ri = 0; ri < kRows; ++ri) {
       const int64_t row = m0 + get<0>(tScS_rc(ri, 0));
-      const bool row_live = row < prob.Sq;
-      lse_log2[ri] = row_live && !saved_p ? params.lse.ptr[params.lse.offset(b, h, row)] * kLog2e : 0.0f;
-      delta[ri] = row_live ? params.delta.ptr[params.delta.offset(b, h, row)] : 0.0f;
+      const bool in = row < Sq;
+      lse2[ri] = in && !kSavedP ? params.lse.ptr[params.lse.offset(b, h, row)] * kLog2e : 0.0f;
+      delta[ri] = in ? params.delta.ptr[params.delta.offset(b, h, row)] : 0.0f;
     }
-    Barrier::wait(&st.stage_full[stage], uint32_t((t / Cfg::kStages) & 1));
-
-    // dP (and P) into registers first: the shared-memory reads overlap the product.
-    Tensor tSrS = partition_fragment_C(mma_s, Shape<typename Cfg::BM, typename Cfg::BN>{});  // (MMA, MMA_M, MMA_N) fp32
+    if constexpr (kSavedP) stage_wait(t);  // (recompute: waited before S of step t was issued)
     Tensor tSrdP = make_fragment_like<Element>(tSrS);  // (MMA, MMA_M, MMA_N)
     copy(s2r, thr_s2r.partition_S(sdP(_, _, stage)), thr_s2r.retile_D(tSrdP));
-    Tensor tSrP = make_fragment_like<Element>(tSrS);  // (MMA, MMA_M, MMA_N), saved-P
-    if (saved_p) copy(s2r, thr_s2r.partition_S(sP(_, _, stage)), thr_s2r.retile_D(tSrP));
-    if (!saved_p) warpgroup_gemm<true>(mma_s, sQ(_, _, stage), sK, tSrS);
-    Tensor tSrS_rc = make_tensor(tSrS.data(), rowcol(tSrS.layout()));  // (rows, cols)
-    Tensor tSrdS = make_fragment_like<Element>(tSrS);  // (MMA, MMA_M, MMA_N)
-    Tensor tSrdP_rc = make_tensor(tSrdP.data(), rowcol(tSrdP.layout()));
-    Tensor tSrP_rc = make_tensor(tSrP.data(), rowcol(tSrP.layout()));
-    Tensor tSrdS_rc = make_tensor(tSrdS.data(), rowcol(tSrdS.layout()));
-    // Only a tile that the mask or the last row cuts pays for per-element compares.
+    Tensor tSrP = make_fragment_like<Element>(tSrS);   // (MMA, MMA_M, MMA_N), saved-P
+    if constexpr (kSavedP) copy(s2r, thr_s2r.partition_S(sP(_, _, stage)), thr_s2r.retile_D(tSrP));
+    if constexpr (!kSavedP) {
+      warpgroup_wait<0>();  // S of step t
+      warpgroup_fence_operand(tSrS);
+    }
+
+    Tensor tSrS_rc = make_tensor(tSrS.data(), rowcol(tSrS.layout()));     // (rows, cols)
+    Tensor tSrdP_rc = make_tensor(tSrdP.data(), rowcol(tSrdP.layout()));  // (rows, cols)
+    Tensor tSrP_rc = make_tensor(tSrP.data(), rowcol(tSrP.layout()));     // (rows, cols), saved-P
+    Tensor tSrdS = make_fragment_like<Element>(tSrS);                      // (MMA, MMA_M, MMA_N)
+    Tensor tSrdS_rc = make_tensor(tSrdS.data(), rowcol(tSrdS.layout()));  // (rows, cols)
     with_mask(keys.cuts(m0, kBlockM, n0, kBlockN), [&](auto mask) {
       CUTE_UNROLL
-      for (int ri = 0; ri < size<0>(tSrS_rc); ++ri) {
-        const int64_t row = m0 + get<0>(tScS_rc(ri, 0));
-        const int limit = mask ? keys.cols_in(row, n0, kBlockN) : kBlockN;
+      for (int ri = 0; ri < kRows; ++ri) {
+        const int limit = mask ? keys.cols_in(m0 + get<0>(tScS_rc(ri, 0)), n0, kBlockN) : kBlockN;
         CUTE_UNROLL
-        for (int ci = 0; ci < size<1>(tSrS_rc); ++ci) {
-          float ds = 0.0f;
-          if (!mask || get<1>(tScS_rc(ri, ci)) < limit) {
-            const float p = saved_p ? float(tSrP_rc(ri, ci)) : exp2_fast(tSrS_rc(ri, ci) * scale_log2 - lse_log2[ri]);
-            ds = p * (float(tSrdP_rc(ri, ci)) - delta[ri]);
-          }
-          tSrdS_rc(ri, ci) = Element(ds);
+        for (int ci = 0; ci < kCols; ++ci) {
+          const float p = kSavedP ? float(tSrP_rc(ri, ci)) : exp2_fast(tSrS_rc(ri, ci) * scale_log2 - lse2[ri]);
+          const bool keep = !mask || get<1>(tScS_rc(ri, ci)) < limit;
+          tSrdS_rc(ri, ci) = Element(keep ? p * (float(tSrdP_rc(ri, ci)) - delta[ri]) : 0.0f);
         }
       }
     });
     copy(r2s, thr_r2s.retile_S(tSrdS), thr_r2s.partition_D(sdS));
-    cutlass::arch::fence_view_async_shared();  // the generic-proxy writes of dS, seen by wgmma
+    // The dQ buffer of this step was last read by the reduce-add of step t − 2: at most one may be pending.
+    if (leader) tma_store_wait<Cfg::kDqBuffers - 1>();
+    cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
     __syncthreads();
 
-    Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<typename Cfg::BM, typename Cfg::HD>{});  // (MMA, MMA_M, MMA_D) fp32
-    warpgroup_gemm<true, false>(mma_dq, sdS, sKt, tdQrdQ);  // both products in flight at once
-    warpgroup_gemm<false>(mma_dk, sdSt, sQt(_, _, stage), tdKrdK);
-    warpgroup_fence_operand(tdQrdQ);
-    float* dq_rows = params.dq_accum + ((b * prob.Hq + h) * prob.Sq) * kHeadDim;
-    CUTE_UNROLL
-    for (int i = 0; i < size(tdQrdQ); i += 2) {  // a wgmma accumulator holds pairs of adjacent columns
-      const int64_t row = m0 + get<0>(tdQcdQ(i));
-      if (row < prob.Sq) {
-        atomicAdd(reinterpret_cast<float2*>(dq_rows + row * kHeadDim + get<1>(tdQcdQ(i))),
-                  make_float2(tdQrdQ(i), tdQrdQ(i + 1)));
-      }
+    Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<BM, HD>{});  // (MMA, MMA_M, MMA_D) fp32
+    warpgroup_gemm<true, false>(mma_dq, sdS, sKt, tdQrdQ);
+    warpgroup_gemm<false, false>(mma_dk, sdSt, sQt(_, _, stage), tdKrdK);
+    // S of step t + 1 (its stage was loaded steps ago): it runs under this step's dQ store. Issued in every
+    // step (straight-line wgmma keeps ptxas from serialising them): the last step's multiplies its own tiles
+    // and is never read.
+    if constexpr (!kSavedP) {
+      const int next = t + 1 < steps ? t + 1 : t;
+      if (next != t) stage_wait(next);
+      warpgroup_gemm<true, false>(mma_s, sQ(_, _, next % kStages), sK, tSrS);
+      warpgroup_wait<1>();  // dQ and dK of step t done, S of step t + 1 in flight
+    } else {
+      warpgroup_wait<0>();
     }
-    __syncthreads();  // stage and sdS are free for the next TMA / step
+    warpgroup_fence_operand(tdQrdQ);
+    warpgroup_fence_operand(tdKrdK);
+    Tensor tdQsdQ_t = tdQsdQ(_, _, _, t % Cfg::kDqBuffers);  // (MMA, MMA_M, MMA_D)
+    CUTE_UNROLL
+    for (int i = 0; i < size(tdQrdQ); ++i) tdQsdQ_t(i) = tdQrdQ(i);
+    cutlass::arch::fence_view_async_shared();  // dQ written by threads, read by TMA
+    __syncthreads();  // also: the stage and sdS are free (both warpgroups' products of step t are done)
+    if (leader) {
+      Tensor gdQ = local_tile(mdQ(_, _, h, b), Shape<BM, HD>{}, make_coord(m0 / kBlockM, 0));  // (BM, D)
+      auto [tRgdQ, tRsdQ] = tma_partition(params.tma_dq, Int<0>{}, Layout<_1>{},
+                                          group_modes<0, 2>(sdQ(_, _, t % Cfg::kDqBuffers)), group_modes<0, 2>(gdQ));
+      copy(params.tma_dq, tRsdQ, tRgdQ);
+      tma_store_arrive();
+      if (t + kStages < steps) load_step(t + kStages);
+    }
   }
+  if constexpr (!kSavedP) warpgroup_wait<0>();  // the last step's unread S
+  if (leader) tma_store_wait<0>();  // the reduce-adds read shared memory until they complete
 
   // dK = scale · Σ dSᵀ Q
-  Tensor tdKcdK = mma_dk.get_thread_slice(threadIdx.x).partition_C(
-      make_identity_tensor(Shape<typename Cfg::BN, typename Cfg::HD>{}));  // (c, d) per element
+  const bool dk_vector = prob.dk.sc == 1 && aligned_rows<Element>(prob.dk, 2);
+  Tensor tdKcdK = mma_dk.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<BN, HD>{}));  // (c, d)
   Element* dk = static_cast<Element*>(prob.dk.ptr);
   CUTE_UNROLL
-  for (int i = 0; i < size(tdKrdK); ++i) {
+  for (int i = 0; i < size(tdKrdK); i += 2) {  // a wgmma accumulator holds pairs of adjacent columns
     const int64_t col = n0 + get<0>(tdKcdK(i));
-    if (col < prob.Sk) dk[prob.dk.offset(b, kv_head, col, get<1>(tdKcdK(i)))] = Element(tdKrdK(i) * prob.scale);
+    if (col < prob.Sk) {
+      store_scaled(dk + prob.dk.offset(b, kv_head, col, get<1>(tdKcdK(i))), tdKrdK(i), tdKrdK(i + 1), prob.scale, dk_vector);
+    }
   }
 }
 
-// dq = scale · dq_accum, elementwise.
+// dq = scale · dq_accum, converted: one warp per row of the accumulator, four head dimensions per lane.
 template <class Element, int kHeadDim>
 __global__ void convert_dq_kernel(const Problem prob, const float* dq_accum) {
-  const int64_t total = prob.B * prob.Hq * prob.Sq * kHeadDim;
+  constexpr int kLanes = kHeadDim / 4;
+  static_assert(kLanes <= 32 && 32 % kLanes == 0, "a row is at most one warp of float4s");
+  const int64_t rows = prob.B * prob.Hq * prob.Sq;
+  const int64_t per_block = blockDim.x / kLanes;
+  const bool vector = prob.dq.sc == 1 && aligned_rows<Element>(prob.dq, 4);
   Element* dq = static_cast<Element*>(prob.dq.ptr);
-  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total; idx += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t d = idx % kHeadDim, row = (idx / kHeadDim) % prob.Sq, h = (idx / (kHeadDim * prob.Sq)) % prob.Hq,
-                  b = idx / (kHeadDim * prob.Sq * prob.Hq);
-    dq[prob.dq.offset(b, h, row, d)] = Element(dq_accum[idx] * prob.scale);
+  for (int64_t row = blockIdx.x * per_block + threadIdx.x / kLanes; row < rows; row += int64_t(gridDim.x) * per_block) {
+    const int64_t r = row % prob.Sq, h = (row / prob.Sq) % prob.Hq, b = row / (prob.Sq * prob.Hq);
+    const int d = 4 * int(threadIdx.x % kLanes);
+    const float4 v = reinterpret_cast<const float4*>(dq_accum + row * kHeadDim)[d / 4];
+    Element* out = dq + prob.dq.offset(b, h, r, 0) + d * prob.dq.sc;
+    if (vector) {
+      store_scaled(out, v, prob.scale, true);
+    } else {
+      const float x[4] = {v.x, v.y, v.z, v.w};
+      for (int i = 0; i < 4; ++i) out[i * prob.dq.sc] = Element(x[i] * prob.scale);
+    }
   }
 }
 

@@ -107,24 +107,26 @@ __device__ inline void store_scaled(Element* out, float4 v, float scale, bool ve
   }
 }
 
-template <class Element_, int kHeadDim_>
-struct Config {
+// The backward's step on two warpgroups, shared by the fused kernel and the column pass: a 64-row block of Q
+// (and of dP, P) against a CTA's 128 key columns. The warpgroups split the columns for S and dK and the head
+// dimensions for dQ; transposed views of the same swizzled buffers give the MN-major wgmma operands.
+template <class Element_, int kHeadDim_, bool kSavedP_>
+struct StepTiles {
   using Element = Element_;
-  static constexpr DType kDType = ElementTraits<Element>::kDType;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = 64;  // query rows per step (one wgmma M)
-  static constexpr int kBlockN = 64;  // key columns owned by a CTA
-  static constexpr int kStages = 2;   // TMA double buffering of the per-step tiles
-  static constexpr int kThreads = 128;  // one warpgroup
-  static constexpr int kMinBlocksPerSm = 2;
-  static constexpr int kQuad = 4;  // lanes that share the rows of a wgmma accumulator
+  static constexpr bool kSavedP = kSavedP_;
+  static constexpr int kBlockM = 64;   // query rows per step (one wgmma M)
+  static constexpr int kBlockN = 128;  // key columns per CTA, 64 per warpgroup
+  static constexpr int kWarpgroups = 2;
+  static constexpr int kThreads = 128 * kWarpgroups;
+  static constexpr int kStages = kSavedP ? 2 : 3;  // TMA stages of (Q, dP[, P]) tiles: P doubles a stage
 
   using BM = Int<kBlockM>;
   using BN = Int<kBlockN>;
   using HD = Int<kHeadDim>;
   using ST = Int<kStages>;
+  using Half = Int<kBlockN / kWarpgroups>;
 
-  // 128-byte swizzled, K-major tiles; the transposed views serve the MN-major operands of dQ and dK.
   using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<BM, HD, ST>{}));   // (rows, d, stage)
   using SmemLayoutQt = decltype(composition(SmemLayoutQ{}, make_layout(Shape<HD, BM, ST>{},
@@ -136,13 +138,70 @@ struct Config {
   using SmemLayoutdSt = decltype(composition(SmemLayoutdS{}, make_layout(Shape<BN, BM>{}, Stride<BM, _1>{})));
 
   using MmaS = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<BM, BN, HD>, GMMA::Major::K, GMMA::Major::K>()));
+      GMMA::ss_op_selector<Element, Element, float, Shape<BM, Half, HD>, GMMA::Major::K, GMMA::Major::K>(),
+      Layout<Shape<_1, Int<kWarpgroups>, _1>>{}));
   using MmadQ = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<BM, HD, BN>, GMMA::Major::K, GMMA::Major::MN>()));
+      GMMA::ss_op_selector<Element, Element, float, Shape<BM, Int<kHeadDim / kWarpgroups>, BN>, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      Layout<Shape<_1, Int<kWarpgroups>, _1>>{}));
   using MmadK = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<BN, HD, BM>, GMMA::Major::MN, GMMA::Major::MN>()));
+      GMMA::ss_op_selector<Element, Element, float, Shape<Half, HD, BM>, GMMA::Major::MN, GMMA::Major::MN>(),
+      Layout<Shape<Int<kWarpgroups>, _1, _1>>{}));
 
   using TmaQ = TmaLoad<Element, HD, decltype(SmemLayoutQ{}(_, _, 0))>;
+  using TmaK = TmaLoad<Element, HD, SmemLayoutK>;
+  using TmaP = TmaLoad<Element, int32_t, decltype(SmemLayoutP{}(_, _, 0))>;
+
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kPBytes = kBlockM * kBlockN * sizeof(Element);
+
+  static constexpr uint32_t kStageBytes = kQBytes + kPBytes * (kSavedP ? 2 : 1);
+
+  // The step's tiles in shared memory: (Q, dP[, P]) staged, K resident, dS for the two products. Each starts
+  // on a 1024-byte boundary, the period of the 128-byte swizzle.
+  struct Tiles {
+    alignas(1024) cute::array<Element, cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::array<Element, cosize_v<SmemLayoutK>> k;
+    alignas(1024) cute::array<Element, cosize_v<SmemLayoutP>> dp;
+    alignas(1024) cute::array<Element, kSavedP ? cosize_v<SmemLayoutP> : 1> p;
+    alignas(1024) cute::array<Element, cosize_v<SmemLayoutdS>> ds;
+  };
+
+  // The TMA descriptors of a step's inputs (p in saved-P mode only: a copy of dp otherwise, never used).
+  struct Loads {
+    TmaQ q;
+    TmaK k;
+    TmaP dp;
+    TmaP p;
+  };
+};
+
+// The row statistics of the two-pass backward (sm90_rowstats.cuh).
+template <class Element_, int kHeadDim_>
+struct Config {
+  using Element = Element_;
+  static constexpr DType kDType = ElementTraits<Element>::kDType;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = 64;  // query rows per step (one wgmma M)
+  static constexpr int kBlockN = 64;  // key columns per step
+  static constexpr int kStages = 2;   // TMA double buffering of the per-step tiles
+  static constexpr int kThreads = 128;  // one warpgroup
+  static constexpr int kMinBlocksPerSm = 2;
+  static constexpr int kQuad = 4;  // lanes that share the rows of a wgmma accumulator
+
+  using BM = Int<kBlockM>;
+  using BN = Int<kBlockN>;
+  using HD = Int<kHeadDim>;
+  using ST = Int<kStages>;
+
+  // 128-byte swizzled, K-major tiles.
+  using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
+  using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<BN, HD>{}));       // (cols, d)
+  using SmemLayoutP = decltype(tile_to_shape(SmemAtom{}, Shape<BM, BN, ST>{}));   // (rows, cols, stage)
+
+  using MmaS = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<BM, BN, HD>, GMMA::Major::K, GMMA::Major::K>()));
   using TmaK = TmaLoad<Element, HD, SmemLayoutK>;
   using TmaP = TmaLoad<Element, int32_t, decltype(SmemLayoutP{}(_, _, 0))>;
 
@@ -152,16 +211,6 @@ struct Config {
   static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
   static constexpr uint32_t kPBytes = kBlockM * kBlockN * sizeof(Element);
 
-  // The column pass: Q, dP, P per step (staged), K resident, dS for the two products.
-  struct ColPassStorage {
-    alignas(128) cute::array<Element, cosize_v<SmemLayoutQ>> q;
-    alignas(128) cute::array<Element, cosize_v<SmemLayoutK>> k;
-    alignas(128) cute::array<Element, cosize_v<SmemLayoutP>> dp;
-    alignas(128) cute::array<Element, cosize_v<SmemLayoutP>> p;
-    alignas(128) cute::array<Element, cosize_v<SmemLayoutdS>> ds;
-    alignas(8) uint64_t stage_full[kStages];
-    alignas(8) uint64_t k_full;
-  };
   // The row statistics: Q resident, K, dP, P per step (staged).
   struct RowStatsStorage {
     alignas(128) cute::array<Element, cosize_v<SmemLayoutK>> q;  // one (rows, d) tile: the shape of a K tile
@@ -172,12 +221,10 @@ struct Config {
     alignas(8) uint64_t q_full;
   };
   static_assert(kBlockM == kBlockN, "the row statistics keep their Q tile in a K-tile layout");
-  static constexpr int kSmemBytes = int(sizeof(ColPassStorage) > sizeof(RowStatsStorage) ? sizeof(ColPassStorage)
-                                                                                        : sizeof(RowStatsStorage));
+  static constexpr int kSmemBytes = int(sizeof(RowStatsStorage));
 
   struct Params {
     Problem prob;
-    TmaQ tma_q;
     TmaK tma_k;
     TmaK tma_q_rows;  // the row statistics' Q tile: the shape of a K tile
     TmaP tma_dp;
@@ -185,7 +232,6 @@ struct Config {
     generic::RowVec lse;    // written by the row statistics unless lse_given; read by the column pass
     generic::RowVec delta;  // D, written by the row statistics
     bool lse_given;
-    float* dq_accum;        // (B, Hq, Sq, kHeadDim) fp32, zeroed before the column pass
   };
 };
 

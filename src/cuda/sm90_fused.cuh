@@ -32,81 +32,30 @@ namespace qksoftmax::cuda::sm90 {
 using namespace cute;
 
 template <class Element_, int kHeadDim_, bool kSavedP_>
-struct FusedConfig {
+struct FusedConfig : StepTiles<Element_, kHeadDim_, kSavedP_> {
+  using Base = StepTiles<Element_, kHeadDim_, kSavedP_>;
   using Element = Element_;
   static constexpr DType kDType = ElementTraits<Element>::kDType;
-  static constexpr int kHeadDim = kHeadDim_;
-  static constexpr bool kSavedP = kSavedP_;
-  static constexpr int kBlockM = 64;        // query rows per step (one wgmma M)
-  static constexpr int kBlockN = 128;       // key columns per CTA, 64 per consumer warpgroup
-  static constexpr int kWarpgroups = 2;
-  static constexpr int kThreads = 128 * kWarpgroups;
-  static constexpr int kStages = kSavedP ? 2 : 3;  // TMA stages of (Q, dP[, P]) tiles
   static constexpr int kMinCluster = 2;     // a one-column-block row still runs as a pair (the dQ slots fit)
   static constexpr int kMaxCluster = 8;     // the portable cluster size
-  static constexpr int64_t kMaxSk = int64_t(kMaxCluster) * kBlockN;
+  static constexpr int64_t kMaxSk = int64_t(kMaxCluster) * Base::kBlockN;
   static_assert(kMaxSk == kSm90FusedMaxSk, "dispatch and kernel agree on the rows a cluster holds");
   static constexpr int kStatSlots = 2;
   static constexpr int kDqSlots = 2;
-  static constexpr int kDqRow = kHeadDim + 8;  // floats per row of a dQ partial: rows 8 banks apart (no conflicts)
+  static constexpr int kDqRow = Base::kHeadDim + 8;  // floats per row of a dQ partial: rows 8 banks apart (no conflicts)
   static constexpr int kQuad = 4;
 
-  using BM = Int<kBlockM>;
-  using BN = Int<kBlockN>;
-  using HD = Int<kHeadDim>;
-  using ST = Int<kStages>;
-  using Half = Int<kBlockN / kWarpgroups>;
-
-  using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
-  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<BM, HD, ST>{}));   // (rows, d, stage)
-  using SmemLayoutQt = decltype(composition(SmemLayoutQ{}, make_layout(Shape<HD, BM, ST>{},
-                                                                       Stride<BM, _1, Int<kBlockM * kHeadDim>>{})));
-  using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<BN, HD>{}));       // (cols, d)
-  using SmemLayoutKt = decltype(composition(SmemLayoutK{}, make_layout(Shape<HD, BN>{}, Stride<BN, _1>{})));
-  using SmemLayoutP = decltype(tile_to_shape(SmemAtom{}, Shape<BM, BN, ST>{}));   // (rows, cols, stage)
-  using SmemLayoutdS = decltype(tile_to_shape(SmemAtom{}, Shape<BM, BN>{}));      // (rows, cols)
-  using SmemLayoutdSt = decltype(composition(SmemLayoutdS{}, make_layout(Shape<BN, BM>{}, Stride<BM, _1>{})));
-
-  // Two warpgroups side by side: S and dK split the columns, dQ splits the head dimensions.
-  using MmaS = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<BM, Half, HD>, GMMA::Major::K, GMMA::Major::K>(),
-      Layout<Shape<_1, Int<kWarpgroups>, _1>>{}));
-  using MmadQ = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<BM, Int<kHeadDim / kWarpgroups>, BN>, GMMA::Major::K,
-                           GMMA::Major::MN>(),
-      Layout<Shape<_1, Int<kWarpgroups>, _1>>{}));
-  using MmadK = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<Half, HD, BM>, GMMA::Major::MN, GMMA::Major::MN>(),
-      Layout<Shape<Int<kWarpgroups>, _1, _1>>{}));
-
-  using TmaQ = TmaLoad<Element, HD, decltype(SmemLayoutQ{}(_, _, 0))>;
-  using TmaK = TmaLoad<Element, HD, SmemLayoutK>;
-  using TmaP = TmaLoad<Element, int32_t, decltype(SmemLayoutP{}(_, _, 0))>;
-
-  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
-  static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
-  static constexpr uint32_t kPBytes = kBlockM * kBlockN * sizeof(Element);
-  static constexpr uint32_t kStageBytes = kQBytes + kPBytes * (kSavedP ? 2 : 1);
-
-  struct Storage {
-    alignas(128) cute::array<Element, cosize_v<SmemLayoutQ>> q;
-    alignas(128) cute::array<Element, cosize_v<SmemLayoutK>> k;
-    alignas(128) cute::array<Element, cosize_v<SmemLayoutP>> dp;
-    alignas(128) cute::array<Element, kSavedP ? cosize_v<SmemLayoutP> : 1> p;
-    alignas(128) cute::array<Element, cosize_v<SmemLayoutdS>> ds;
-    alignas(16) float4 stats[kStatSlots][kWarpgroups][kBlockM];  // (max·log2e, Σe, Σe·dP, unused) per row
-    alignas(16) float dq[kDqSlots][kBlockM * kDqRow];             // this CTA's dQ partial (rows, d), per step
-    alignas(8) uint64_t stage_full[kStages];
+  struct Storage : Base::Tiles {
+    alignas(16) float4 stats[kStatSlots][Base::kWarpgroups][Base::kBlockM];  // (max·log2e, Σe, Σe·dP, unused) per row
+    alignas(16) float dq[kDqSlots][Base::kBlockM * kDqRow];  // this CTA's dQ partial (rows, d), per step
+    alignas(8) uint64_t stage_full[Base::kStages];
     alignas(8) uint64_t k_full;
   };
   static constexpr int kSmemBytes = int(sizeof(Storage));
 
   struct Params {
     Problem prob;
-    TmaQ tma_q;
-    TmaK tma_k;
-    TmaP tma_dp;
-    TmaP tma_p;  // saved-P mode only (a copy of tma_dp otherwise, never used)
+    typename Base::Loads tma;
     int cluster;   // CTAs per cluster: a power of two in [kMinCluster, kMaxCluster]
     int dq_slice;  // head dimensions of dQ reduced and stored by each CTA: kHeadDim / cluster
   };
@@ -114,7 +63,7 @@ struct FusedConfig {
   // CTAs per cluster for a key length: enough 128-column blocks, rounded up to a power of two.
   static constexpr int cluster_for(int64_t sk) {
     int c = kMinCluster;
-    while (int64_t(c) * kBlockN < sk) c *= 2;
+    while (int64_t(c) * Base::kBlockN < sk) c *= 2;
     return c;
   }
 };
@@ -167,10 +116,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   Tensor sdS = make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdS{});    // (BM, BN)
   Tensor sdSt = make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdSt{});  // (BN, BM)
 
-  Tensor mQ = params.tma_q.get_tma_tensor(make_shape(int32_t(prob.Sq), HD{}, int32_t(prob.Hq), int32_t(prob.B)));
-  Tensor mK = params.tma_k.get_tma_tensor(make_shape(int32_t(prob.Sk), HD{}, int32_t(prob.Hk), int32_t(prob.B)));
-  Tensor mdP = params.tma_dp.get_tma_tensor(make_shape(int32_t(prob.Sq), int32_t(prob.Sk), int32_t(prob.Hq), int32_t(prob.B)));
-  Tensor mP = params.tma_p.get_tma_tensor(make_shape(int32_t(prob.Sq), int32_t(prob.Sk), int32_t(prob.Hq), int32_t(prob.B)));
+  Tensor mQ = params.tma.q.get_tma_tensor(make_shape(int32_t(prob.Sq), HD{}, int32_t(prob.Hq), int32_t(prob.B)));
+  Tensor mK = params.tma.k.get_tma_tensor(make_shape(int32_t(prob.Sk), HD{}, int32_t(prob.Hk), int32_t(prob.B)));
+  Tensor mdP = params.tma.dp.get_tma_tensor(make_shape(int32_t(prob.Sq), int32_t(prob.Sk), int32_t(prob.Hq), int32_t(prob.B)));
+  Tensor mP = params.tma.p.get_tma_tensor(make_shape(int32_t(prob.Sq), int32_t(prob.Sk), int32_t(prob.Hq), int32_t(prob.B)));
 
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) Barrier::init(&st.stage_full[s], 1);
@@ -189,15 +138,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const int64_t h = head_of(load_step), mb = load_step % row_blocks;
       Barrier::arrive_and_expect_tx(&st.stage_full[stage], Cfg::kStageBytes);
       Tensor gQ = local_tile(mQ(_, _, h, b), Shape<BM, HD>{}, make_coord(mb, 0));        // (BM, D)
-      auto [tQgQ, tQsQ] = tma_partition(params.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ(_, _, stage)), group_modes<0, 2>(gQ));
-      copy(params.tma_q.with(st.stage_full[stage]), tQgQ, tQsQ);
+      auto [tQgQ, tQsQ] = tma_partition(params.tma.q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ(_, _, stage)), group_modes<0, 2>(gQ));
+      copy(params.tma.q.with(st.stage_full[stage]), tQgQ, tQsQ);
       Tensor gdP = local_tile(mdP(_, _, h, b), Shape<BM, BN>{}, make_coord(mb, int64_t(rank)));  // (BM, BN)
-      auto [tPgdP, tPsdP] = tma_partition(params.tma_dp, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdP(_, _, stage)), group_modes<0, 2>(gdP));
-      copy(params.tma_dp.with(st.stage_full[stage]), tPgdP, tPsdP);
+      auto [tPgdP, tPsdP] = tma_partition(params.tma.dp, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdP(_, _, stage)), group_modes<0, 2>(gdP));
+      copy(params.tma.dp.with(st.stage_full[stage]), tPgdP, tPsdP);
       if constexpr (kSavedP) {
         Tensor gP = local_tile(mP(_, _, h, b), Shape<BM, BN>{}, make_coord(mb, int64_t(rank)));  // (BM, BN)
-        auto [tPgP, tPsP] = tma_partition(params.tma_p, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sP(_, _, stage)), group_modes<0, 2>(gP));
-        copy(params.tma_p.with(st.stage_full[stage]), tPgP, tPsP);
+        auto [tPgP, tPsP] = tma_partition(params.tma.p, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sP(_, _, stage)), group_modes<0, 2>(gP));
+        copy(params.tma.p.with(st.stage_full[stage]), tPgP, tPsP);
       }
       ++loaded;
     }
@@ -206,8 +155,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (tid == 0 && has_columns) {
     Barrier::arrive_and_expect_tx(&st.k_full, Cfg::kKBytes);
     Tensor gK = local_tile(mK(_, _, kv_head, b), Shape<BN, HD>{}, make_coord(int64_t(rank), 0));  // (BN, D)
-    auto [tKgK, tKsK] = tma_partition(params.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-    copy(params.tma_k.with(st.k_full), tKgK, tKsK);
+    auto [tKgK, tKsK] = tma_partition(params.tma.k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+    copy(params.tma.k.with(st.k_full), tKgK, tKsK);
     produce(0);
   }
 

@@ -13,21 +13,9 @@ namespace qksoftmax::cuda {
 
 template <class Cfg>
 Status run_sm90_fused(const Problem& prob, CUstream_st* stream) {
-  using namespace cute;
-  using Element = typename Cfg::Element;
-  using HD = typename Cfg::HD;
   constexpr const char* kName = "sm90 fused backward";
-
   const int cluster = Cfg::cluster_for(prob.Sk);
-  const auto [q, k, dp, p] = sm90::backward_views<Element, HD>(prob);
-  const typename Cfg::Params params{
-      prob,
-      make_tma_copy(SM90_TMA_LOAD{}, q, typename Cfg::SmemLayoutQ{}(_, _, 0)),
-      make_tma_copy(SM90_TMA_LOAD{}, k, typename Cfg::SmemLayoutK{}),
-      make_tma_copy(SM90_TMA_LOAD{}, dp, typename Cfg::SmemLayoutP{}(_, _, 0)),
-      make_tma_copy(SM90_TMA_LOAD{}, p, typename Cfg::SmemLayoutP{}(_, _, 0)),
-      cluster,
-      Cfg::kHeadDim / cluster};
+  const typename Cfg::Params params{prob, sm90::step_loads<Cfg>(prob), cluster, Cfg::kHeadDim / cluster};
 
   const int64_t steps = (prob.Sq + Cfg::kBlockM - 1) / Cfg::kBlockM * prob.group();
   if (steps > INT_MAX) return {Code::kUnsupported, std::string(kName) + ": more than 2^31 - 1 row blocks per head"};

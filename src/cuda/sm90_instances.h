@@ -37,10 +37,6 @@ QKSOFTMAX_SM90_CONFIGS(QKSOFTMAX_DECLARE_SM90)
 
 // The fused (cluster) backward takes rows up to this many keys (a portable cluster of 8 CTAs × 128 columns).
 inline constexpr int64_t kSm90FusedMaxSk = 1024;
-// In recompute mode it is dispatched up to this many keys only: measured on the H200 (2026-11-30, seed16
-// bf16), its 8-CTA clusters (Sk > 512) were slower than the two-pass kernels (1199 vs 1082 µs at B = 1,
-// S = 1024); 2- and 4-CTA clusters were faster (docs/PERFORMANCE.md, v2).
-inline constexpr int64_t kSm90FusedRecomputeMaxSk = 512;
 
 // The fused (cluster) backward: one instantiation per dtype, head dimension and mode (saved-P or not).
 #define QKSOFTMAX_SM90_FUSED_CONFIGS(X) \

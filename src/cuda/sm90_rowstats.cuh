@@ -91,13 +91,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   auto s2r = make_tiled_copy_C(Copy_Atom<SM75_U32x4_LDSM_N, typename Cfg::Element>{}, mma_s);
   auto thr_s2r = s2r.get_thread_slice(threadIdx.x);
 
-  // Running statistics of this thread's rows (identical across its quad).
-  generic::OnlineRow rows[kRows];
-  float row_lse[kRows];
+  // Running statistics of this thread's rows (identical across its quad), in the log2 domain:
+  // max of S·scale·log2e, Σ 2^(S' − max), Σ 2^(S' − max)·dP; with the LSE given or in saved-P mode only the dot.
+  constexpr float kLog2e = 1.4426950408889634f;
+  constexpr float kLn2 = 0.6931471805599453f;
+  const float scale_log2 = prob.scale * kLog2e;
+  const KeyRange keys = prob.keys();
+  float row_max[kRows], row_sum[kRows], row_dot[kRows], row_lse2[kRows];
   CUTE_UNROLL
   for (int ri = 0; ri < kRows; ++ri) {
     const int64_t row = m0 + get<0>(tScS_rc(ri, 0));
-    row_lse[ri] = params.lse_given && row < prob.Sq ? params.lse.ptr[params.lse.offset(b, h, row)] : 0.0f;
+    row_lse2[ri] = params.lse_given && row < prob.Sq ? params.lse.ptr[params.lse.offset(b, h, row)] * kLog2e : 0.0f;
+    row_max[ri] = -INFINITY;
+    row_sum[ri] = 0.0f;
+    row_dot[ri] = 0.0f;
   }
   if (need_scores) Barrier::wait(&st.q_full, 0);
 
@@ -108,39 +115,46 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     const int64_t n0 = t * kBlockN;
 
     Tensor tSrS = partition_fragment_C(mma_s, Shape<BM, BN>{});  // (MMA, MMA_M, MMA_N) fp32
-    if (need_scores) warpgroup_gemm<true>(mma_s, sQ, sK(_, _, stage), tSrS);
-    Tensor tSrS_rc = make_tensor(tSrS.data(), rowcol(tSrS.layout()));                       // (rows, cols)
     Tensor tSrdP = make_fragment_like<typename Cfg::Element>(tSrS);                         // (MMA, MMA_M, MMA_N)
     copy(s2r, thr_s2r.partition_S(sdP(_, _, stage)), thr_s2r.retile_D(tSrdP));
     Tensor tSrP = make_fragment_like<typename Cfg::Element>(tSrS);                          // (MMA, MMA_M, MMA_N)
     if (saved_p) copy(s2r, thr_s2r.partition_S(sP(_, _, stage)), thr_s2r.retile_D(tSrP));
+    if (need_scores) warpgroup_gemm<true>(mma_s, sQ, sK(_, _, stage), tSrS);
+    Tensor tSrS_rc = make_tensor(tSrS.data(), rowcol(tSrS.layout()));                       // (rows, cols)
     Tensor tSrdP_rc = make_tensor(tSrdP.data(), rowcol(tSrdP.layout()));                   // (rows, cols)
     Tensor tSrP_rc = make_tensor(tSrP.data(), rowcol(tSrP.layout()));                      // (rows, cols)
 
-    CUTE_UNROLL
-    for (int ri = 0; ri < kRows; ++ri) {
-      const int64_t row = m0 + get<0>(tScS_rc(ri, 0));
-      const int64_t end = row < prob.Sq ? prob.col_end(row) : 0;
-      float s[kCols], dpv[kCols];
+    // Only the tiles that the mask or the last row cuts pay for per-element compares.
+    with_mask(keys.cuts(m0, Cfg::kBlockM, n0, kBlockN), [&](auto mask) {
       CUTE_UNROLL
-      for (int ci = 0; ci < kCols; ++ci) {
-        const bool live = n0 + get<1>(tScS_rc(ri, ci)) < end;
-        dpv[ci] = live ? float(tSrdP_rc(ri, ci)) : 0.0f;
-        if (saved_p) {
-          s[ci] = live ? float(tSrP_rc(ri, ci)) : 0.0f;  // P itself
-        } else {
-          s[ci] = live ? tSrS_rc(ri, ci) * prob.scale : -INFINITY;
+      for (int ri = 0; ri < kRows; ++ri) {
+        const int limit = mask ? keys.cols_in(m0 + get<0>(tScS_rc(ri, 0)), n0, kBlockN) : kBlockN;
+        const auto keep = [&](int ci) { return !mask || get<1>(tScS_rc(ri, ci)) < limit; };
+        float v[kCols], w[kCols];  // this thread's terms of the row, reduced as trees
+        if (!online) {  // P is known (saved, or from the given LSE): D accumulates directly
+          CUTE_UNROLL
+          for (int ci = 0; ci < kCols; ++ci) {
+            const float p = saved_p ? float(tSrP_rc(ri, ci)) : exp2_fast(tSrS_rc(ri, ci) * scale_log2 - row_lse2[ri]);
+            w[ci] = keep(ci) ? p * float(tSrdP_rc(ri, ci)) : 0.0f;
+          }
+          row_dot[ri] += quad_sum<kQuad>(tree_reduce(w, SumOp{}));
+          continue;
         }
-      }
-      if (!online) {  // P is known: D accumulates directly
-        float dot = 0.0f;
         CUTE_UNROLL
-        for (int ci = 0; ci < kCols; ++ci) dot += (saved_p ? s[ci] : expf(s[ci] - row_lse[ri])) * dpv[ci];
-        rows[ri].dot += quad_sum<kQuad>(dot);
-      } else {  // every lane of the warp takes part in the shuffles
-        rows[ri].fold(s, dpv, [](float v) { return quad_max<kQuad>(v); }, [](float v) { return quad_sum<kQuad>(v); });
+        for (int ci = 0; ci < kCols; ++ci) v[ci] = keep(ci) ? tSrS_rc(ri, ci) * scale_log2 : -INFINITY;
+        const float new_max = fmaxf(row_max[ri], quad_max<kQuad>(tree_reduce(v, MaxOp{})));
+        const float base = new_max == -INFINITY ? 0.0f : new_max;  // nothing live yet: the sums stay 0
+        CUTE_UNROLL
+        for (int ci = 0; ci < kCols; ++ci) {
+          v[ci] = keep(ci) ? exp2_fast(tSrS_rc(ri, ci) * scale_log2 - base) : 0.0f;
+          w[ci] = keep(ci) ? v[ci] * float(tSrdP_rc(ri, ci)) : 0.0f;  // masked dP: never used
+        }
+        const float rescale = exp2_fast(row_max[ri] - base);
+        row_sum[ri] = row_sum[ri] * rescale + quad_sum<kQuad>(tree_reduce(v, SumOp{}));
+        row_dot[ri] = row_dot[ri] * rescale + quad_sum<kQuad>(tree_reduce(w, SumOp{}));
+        row_max[ri] = new_max;
       }
-    }
+    });
     __syncthreads();  // the stage is free for the next TMA
   }
 
@@ -150,10 +164,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     const int64_t row = m0 + get<0>(tScS_rc(ri, 0));
     if (row >= prob.Sq) continue;
     if (online) {
-      params.lse.ptr[params.lse.offset(b, h, row)] = rows[ri].lse();
-      params.delta.ptr[params.delta.offset(b, h, row)] = rows[ri].delta();
+      const bool any = row_sum[ri] > 0.0f;
+      params.lse.ptr[params.lse.offset(b, h, row)] = any ? (row_max[ri] + log2f(row_sum[ri])) * kLn2 : -INFINITY;
+      params.delta.ptr[params.delta.offset(b, h, row)] = any ? row_dot[ri] / row_sum[ri] : 0.0f;
     } else {
-      params.delta.ptr[params.delta.offset(b, h, row)] = rows[ri].dot;
+      params.delta.ptr[params.delta.offset(b, h, row)] = row_dot[ri];
     }
   }
 }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <optional>
 #include <random>
@@ -99,15 +100,17 @@ std::vector<Case> sweep() {
       }
     }
   }
-  // The fused (cluster) backward: 128-column blocks, clusters of 2, 4, 8 CTAs, and the switches to the two-pass
-  // kernels (recompute past 512 keys, saved-P past 1024). Sizes around each block and cluster edge (multiples
-  // of 8 keep TMA alignment).
+  // Sizes around each 128-column block edge (multiples of 8 keep TMA alignment): the two-pass column pass, and
+  // with `deterministic` the fused (cluster) backward — clusters of 2, 4, 8 CTAs up to 1024 keys, the generic
+  // kernels past them.
   for (int64_t s : {120, 248, 256, 264, 504, 512, 1016, 1024, 1032}) {
     for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
       for (Mask mask : kAllMasks) {
         for (Variant variant : kAllVariants) {
-          cases.push_back({.B = 1, .Hq = 2, .Hk = 2, .Sq = s, .Sk = s, .D = 128, .dtype = dtype, .mask = mask,
-                           .variant = variant});
+          for (bool deterministic : {false, true}) {
+            cases.push_back({.B = 1, .Hq = 2, .Hk = 2, .Sq = s, .Sk = s, .D = 128, .dtype = dtype, .mask = mask,
+                             .variant = variant, .deterministic = deterministic});
+          }
         }
       }
     }
@@ -170,8 +173,8 @@ std::vector<Case> sweep() {
 INSTANTIATE_TEST_SUITE_P(Sweep, GpuVsCpu, ::testing::ValuesIn(sweep()), param_name);
 
 // With options.deterministic, two runs are bitwise identical (dK sums over the query heads of a group), and
-// they match the reference. S = 1000 and 512 reach the fused Hopper kernel (saved-P, and both modes at 512),
-// which serves deterministic calls; the others take the generic kernels.
+// they match the reference. S = 1000 and 512 reach the fused Hopper kernel, which serves deterministic calls up
+// to 1024 keys in both modes; longer rows take the generic kernels.
 class GpuDeterminism : public GpuTest, public ::testing::WithParamInterface<Variant> {};
 
 TEST_P(GpuDeterminism, TwoRunsBitwiseEqual) {
@@ -192,6 +195,42 @@ TEST_P(GpuDeterminism, TwoRunsBitwiseEqual) {
 
 INSTANTIATE_TEST_SUITE_P(Modes, GpuDeterminism, ::testing::ValuesIn(kAllVariants),
                          variant_param_name);
+
+// dP with a large common part per row (dP = 8 + N(0, 1)): the softmax backward cancels it (dS = P ∘ (dP − D)),
+// so a schedule that forms P∘dP and D·P separately and subtracts late would lose accuracy here while passing
+// the zero-mean sweep. Every backward path: two-pass and fused (deterministic) Hopper kernels, generic tails.
+class GpuBiasedGradient : public GpuTest, public ::testing::WithParamInterface<Case> {};
+
+TEST_P(GpuBiasedGradient, MatchesReference) {
+  constexpr double kBias = 8.0;
+  const Case& c = GetParam();
+  Inputs in = make_inputs(c, test_seed());
+  for (int64_t i = 0; i < in.dp.numel(); ++i) {
+    const double v = in.dp.get(i);
+    if (std::isfinite(v)) in.dp.set(i, v + kBias);  // the NaN planted in masked places stays
+  }
+  Outputs gpu(c, c.dtype, c.layout);
+  const Status s = gpu_run(c, in, gpu);
+  ASSERT_TRUE(s.ok()) << s.message();
+  expect_matches(c, gpu, cpu_reference(c, in));
+}
+
+std::vector<Case> biased_cases() {
+  std::vector<Case> cases;
+  for (int64_t s : {129, 136, 1032}) {
+    for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+      for (Variant variant : kAllVariants) {
+        for (bool deterministic : {false, true}) {
+          cases.push_back({.B = 1, .Hq = 2, .Hk = 1, .Sq = s, .Sk = s, .D = 128, .dtype = dtype, .variant = variant,
+                           .deterministic = deterministic});
+        }
+      }
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Bias, GpuBiasedGradient, ::testing::ValuesIn(biased_cases()), param_name);
 
 // The forward without the optional lse output: on the generic path (S = 129) and the Hopper path (S = 136,
 // 16-byte aligned rows).

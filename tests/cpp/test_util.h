@@ -195,6 +195,7 @@ inline std::string case_name(const Case& c) {
                      std::to_string(c.Hk) + "_S" + std::to_string(c.Sq) + "x" + std::to_string(c.Sk) + "_D" +
                      std::to_string(c.D) + "_" + layout_name(c.layout);
   if (c.scale) name += "_scale" + std::to_string(int(*c.scale * 1000));
+  if (c.deterministic) name += "_deterministic";
   return name;
 }
 

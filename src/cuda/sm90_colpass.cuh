@@ -14,6 +14,7 @@
 #include <cutlass/arch/barrier.h>
 
 #include "cuda/sm90_config.h"
+#include "cuda/sm90_step.cuh"
 
 namespace qksoftmax::cuda::sm90 {
 
@@ -96,10 +97,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   Tensor sdSt = make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdSt{});  // (BN, BM)
   Tensor sdQ = make_tensor(make_smem_ptr(st.dq.data()), typename Cfg::SmemLayoutdQ{});    // (BM, D, 2) fp32
 
-  Tensor mQ = params.tma.q.get_tma_tensor(make_shape(int32_t(Sq), HD{}, int32_t(prob.Hq), int32_t(prob.B)));
-  Tensor mK = params.tma.k.get_tma_tensor(make_shape(int32_t(prob.Sk), HD{}, int32_t(prob.Hk), int32_t(prob.B)));
-  Tensor mdP = params.tma.dp.get_tma_tensor(make_shape(int32_t(Sq), int32_t(prob.Sk), int32_t(prob.Hq), int32_t(prob.B)));
-  Tensor mP = params.tma.p.get_tma_tensor(make_shape(int32_t(Sq), int32_t(prob.Sk), int32_t(prob.Hq), int32_t(prob.B)));
   Tensor mdQ = params.tma_dq.get_tma_tensor(make_shape(int32_t(Sq), HD{}, int32_t(prob.Hq), int32_t(prob.B)));
 
   if (leader) {
@@ -112,27 +109,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // The leader's loads of step t into stage t % kStages.
   const auto load_step = [&](int t) {
     const int stage = t % kStages;
-    const int64_t h = head_of(t), mb = block_of(t);
-    Barrier::arrive_and_expect_tx(&st.stage_full[stage], Cfg::kStageBytes);
-    Tensor gQ = local_tile(mQ(_, _, h, b), Shape<BM, HD>{}, make_coord(mb, 0));  // (BM, D)
-    auto [tQgQ, tQsQ] = tma_partition(params.tma.q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ(_, _, stage)), group_modes<0, 2>(gQ));
-    copy(params.tma.q.with(st.stage_full[stage]), tQgQ, tQsQ);
-    Tensor gdP = local_tile(mdP(_, _, h, b), Shape<BM, BN>{}, make_coord(mb, nb));  // (BM, BN)
-    auto [tPgdP, tPsdP] = tma_partition(params.tma.dp, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdP(_, _, stage)), group_modes<0, 2>(gdP));
-    copy(params.tma.dp.with(st.stage_full[stage]), tPgdP, tPsdP);
-    if constexpr (kSavedP) {
-      Tensor gP = local_tile(mP(_, _, h, b), Shape<BM, BN>{}, make_coord(mb, nb));  // (BM, BN)
-      auto [tPgP, tPsP] = tma_partition(params.tma.p, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sP(_, _, stage)), group_modes<0, 2>(gP));
-      copy(params.tma.p.with(st.stage_full[stage]), tPgP, tPsP);
-    }
+    load_step_tiles<Cfg>(params.tma, prob, st, st.stage_full[stage], stage, b, head_of(t), block_of(t), nb);
   };
   const auto stage_wait = [&](int t) { Barrier::wait(&st.stage_full[t % kStages], uint32_t((t / kStages) & 1)); };
 
   if (leader) {
-    Barrier::arrive_and_expect_tx(&st.k_full, Cfg::kKBytes);
-    Tensor gK = local_tile(mK(_, _, kv_head, b), Shape<BN, HD>{}, make_coord(nb, 0));  // (BN, D)
-    auto [tKgK, tKsK] = tma_partition(params.tma.k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-    copy(params.tma.k.with(st.k_full), tKgK, tKsK);
+    load_k_tile<Cfg>(params.tma, prob, st, st.k_full, b, kv_head, nb);
     for (int t = 0; t < min(steps, kStages); ++t) load_step(t);
   }
 
@@ -148,7 +130,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   Tensor tScS_rc = make_tensor(tScS.data(), rowcol(tScS.layout()));         // (rows, cols) → (r, c)
   Tensor tdQsdQ = thr_dq.partition_C(sdQ);                                   // (MMA, MMA_M, MMA_D, 2) fp32
   constexpr int kRows = size<0>(decltype(tScS_rc.layout()){});
-  constexpr int kCols = size<1>(decltype(tScS_rc.layout()){});
 
   // 16-bit tiles between shared memory and the accumulator's layout by ldmatrix / stmatrix.
   auto s2r = make_tiled_copy_C(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma_s);
@@ -191,18 +172,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     Tensor tSrP_rc = make_tensor(tSrP.data(), rowcol(tSrP.layout()));     // (rows, cols), saved-P
     Tensor tSrdS = make_fragment_like<Element>(tSrS);                      // (MMA, MMA_M, MMA_N)
     Tensor tSrdS_rc = make_tensor(tSrdS.data(), rowcol(tSrdS.layout()));  // (rows, cols)
-    with_mask(keys.cuts(m0, kBlockM, n0, kBlockN), [&](auto mask) {
-      CUTE_UNROLL
-      for (int ri = 0; ri < kRows; ++ri) {
-        const int limit = mask ? keys.cols_in(m0 + get<0>(tScS_rc(ri, 0)), n0, kBlockN) : kBlockN;
-        CUTE_UNROLL
-        for (int ci = 0; ci < kCols; ++ci) {
-          const float p = kSavedP ? float(tSrP_rc(ri, ci)) : exp2_fast(tSrS_rc(ri, ci) * scale_log2 - lse2[ri]);
-          const bool keep = !mask || get<1>(tScS_rc(ri, ci)) < limit;
-          tSrdS_rc(ri, ci) = Element(keep ? p * (float(tSrdP_rc(ri, ci)) - delta[ri]) : 0.0f);
-        }
-      }
-    });
+    softmax_backward<Cfg>(tSrdS_rc, tSrS_rc, tSrP_rc, tSrdP_rc, tScS_rc, lse2, delta, scale_log2, keys, m0, n0);
     copy(r2s, thr_r2s.retile_S(tSrdS), thr_r2s.partition_D(sdS));
     // The dQ buffer of this step was last read by the reduce-add of step t − 2: at most one may be pending.
     if (leader) tma_store_wait<Cfg::kDqBuffers - 1>();
@@ -242,17 +212,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if constexpr (!kSavedP) warpgroup_wait<0>();  // the last step's unread S
   if (leader) tma_store_wait<0>();  // the reduce-adds read shared memory until they complete
 
-  // dK = scale · Σ dSᵀ Q
-  const bool dk_vector = prob.dk.sc == 1 && aligned_rows<Element>(prob.dk, 2);
-  Tensor tdKcdK = mma_dk.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<BN, HD>{}));  // (c, d)
-  Element* dk = static_cast<Element*>(prob.dk.ptr);
-  CUTE_UNROLL
-  for (int i = 0; i < size(tdKrdK); i += 2) {  // a wgmma accumulator holds pairs of adjacent columns
-    const int64_t col = n0 + get<0>(tdKcdK(i));
-    if (col < prob.Sk) {
-      store_scaled(dk + prob.dk.offset(b, kv_head, col, get<1>(tdKcdK(i))), tdKrdK(i), tdKrdK(i + 1), prob.scale, dk_vector);
-    }
-  }
+  store_dk<Cfg>(mma_dk, tdKrdK, prob, b, kv_head, n0);
 }
 
 // dq = scale · dq_accum, converted: one warp per row of the accumulator, four head dimensions per lane.

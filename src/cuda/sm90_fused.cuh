@@ -26,6 +26,7 @@
 
 #include "cuda/sm90_config.h"
 #include "cuda/sm90_instances.h"
+#include "cuda/sm90_step.cuh"
 
 namespace qksoftmax::cuda::sm90 {
 
@@ -87,7 +88,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // The fields read in the loops, in registers (prob lives in parameter memory).
   const int64_t Sq = prob.Sq, Sk = prob.Sk, group = prob.group();
   const float scale = prob.scale;
-  const Operand dq_op = prob.dq, dk_op = prob.dk;
+  const Operand dq_op = prob.dq;
   const KeyRange keys = prob.keys();
   const uint32_t rank = blockIdx.x % cluster;  // the cluster spans consecutive blocks along x
   const int64_t head_block = blockIdx.x / cluster;  // (batch, key head)
@@ -116,11 +117,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   Tensor sdS = make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdS{});    // (BM, BN)
   Tensor sdSt = make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdSt{});  // (BN, BM)
 
-  Tensor mQ = params.tma.q.get_tma_tensor(make_shape(int32_t(prob.Sq), HD{}, int32_t(prob.Hq), int32_t(prob.B)));
-  Tensor mK = params.tma.k.get_tma_tensor(make_shape(int32_t(prob.Sk), HD{}, int32_t(prob.Hk), int32_t(prob.B)));
-  Tensor mdP = params.tma.dp.get_tma_tensor(make_shape(int32_t(prob.Sq), int32_t(prob.Sk), int32_t(prob.Hq), int32_t(prob.B)));
-  Tensor mP = params.tma.p.get_tma_tensor(make_shape(int32_t(prob.Sq), int32_t(prob.Sk), int32_t(prob.Hq), int32_t(prob.B)));
-
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) Barrier::init(&st.stage_full[s], 1);
     Barrier::init(&st.k_full, 1);
@@ -135,28 +131,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (; load_step < steps && loaded - released < kStages; ++load_step) {
       if (!live(load_step)) continue;
       const int stage = int(loaded % kStages);
-      const int64_t h = head_of(load_step), mb = load_step % row_blocks;
-      Barrier::arrive_and_expect_tx(&st.stage_full[stage], Cfg::kStageBytes);
-      Tensor gQ = local_tile(mQ(_, _, h, b), Shape<BM, HD>{}, make_coord(mb, 0));        // (BM, D)
-      auto [tQgQ, tQsQ] = tma_partition(params.tma.q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ(_, _, stage)), group_modes<0, 2>(gQ));
-      copy(params.tma.q.with(st.stage_full[stage]), tQgQ, tQsQ);
-      Tensor gdP = local_tile(mdP(_, _, h, b), Shape<BM, BN>{}, make_coord(mb, int64_t(rank)));  // (BM, BN)
-      auto [tPgdP, tPsdP] = tma_partition(params.tma.dp, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdP(_, _, stage)), group_modes<0, 2>(gdP));
-      copy(params.tma.dp.with(st.stage_full[stage]), tPgdP, tPsdP);
-      if constexpr (kSavedP) {
-        Tensor gP = local_tile(mP(_, _, h, b), Shape<BM, BN>{}, make_coord(mb, int64_t(rank)));  // (BM, BN)
-        auto [tPgP, tPsP] = tma_partition(params.tma.p, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sP(_, _, stage)), group_modes<0, 2>(gP));
-        copy(params.tma.p.with(st.stage_full[stage]), tPgP, tPsP);
-      }
+      load_step_tiles<Cfg>(params.tma, prob, st, st.stage_full[stage], stage, b, head_of(load_step),
+                           load_step % row_blocks, int64_t(rank));
       ++loaded;
     }
   };
   const bool has_columns = n0 < Sk;
   if (tid == 0 && has_columns) {
-    Barrier::arrive_and_expect_tx(&st.k_full, Cfg::kKBytes);
-    Tensor gK = local_tile(mK(_, _, kv_head, b), Shape<BN, HD>{}, make_coord(int64_t(rank), 0));  // (BN, D)
-    auto [tKgK, tKsK] = tma_partition(params.tma.k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-    copy(params.tma.k.with(st.k_full), tKgK, tKsK);
+    load_k_tile<Cfg>(params.tma, prob, st, st.k_full, b, kv_head, int64_t(rank));
     produce(0);
   }
 
@@ -313,7 +295,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   // dQ rows and dK rows that are contiguous and aligned take 8- and 4-byte stores.
   const bool dq_vector = dq_op.sc == 1 && aligned_rows<Element>(dq_op, 4);
-  const bool dk_vector = dk_op.sc == 1 && aligned_rows<Element>(dk_op, 2);
 
   // dQ of step t, this CTA's slice of head dimensions: the sum of the partials of the CTAs that had live
   // columns, read from their shared memory, scaled and stored.
@@ -396,18 +377,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       Tensor tSrdS = make_fragment_like<Element>(tSrS);                    // (MMA, MMA_M, MMA_N)
       Tensor tSrdS_rc = make_tensor(tSrdS.data(), rowcol(tSrdS.layout()));  // (rows, cols)
       const int64_t m0 = row0_of(t);
-      with_mask(masked(m0), [&](auto mask) {
-        CUTE_UNROLL
-        for (int ri = 0; ri < kRows; ++ri) {
-          const int limit = mask ? col_limit(m0, get<0>(tScS_rc(ri, 0))) : kBlockN;
-          CUTE_UNROLL
-          for (int ci = 0; ci < kCols; ++ci) {
-            const float p = kSavedP ? float(tSrP_rc(ri, ci)) : exp2_fast(tSrS_rc(ri, ci) * scale_log2 - lse2[ri]);
-            const bool keep = !mask || get<1>(tScS_rc(ri, ci)) < limit;
-            tSrdS_rc(ri, ci) = Element(keep ? p * (float(tSrdP_rc(ri, ci)) - delta[ri]) : 0.0f);
-          }
-        }
-      });
+      softmax_backward<Cfg>(tSrdS_rc, tSrS_rc, tSrP_rc, tSrdP_rc, tScS_rc, lse2, delta, scale_log2, keys, m0, n0);
       copy(r2s, thr_r2s.retile_S(tSrdS), thr_r2s.partition_D(sdS));
       cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
       __syncthreads();
@@ -448,14 +418,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   cluster_arrive_ordered();
   cluster_wait_ordered();  // phase steps + 1: every remote access of this CTA's shared memory is done
 
-  // dK = scale · Σ dSᵀ Q
-  Tensor tdKcdK = mma_dk.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<BN, HD>{}));  // (c, d)
-  Element* dk = static_cast<Element*>(dk_op.ptr);
-  CUTE_UNROLL
-  for (int i = 0; i < size(tdKrdK); i += 2) {  // a wgmma accumulator holds pairs of adjacent columns
-    const int64_t col = n0 + get<0>(tdKcdK(i));
-    if (col < Sk) store_scaled(dk + dk_op.offset(b, kv_head, col, get<1>(tdKcdK(i))), tdKrdK(i), tdKrdK(i + 1), scale, dk_vector);
-  }
+  store_dk<Cfg>(mma_dk, tdKrdK, prob, b, kv_head, n0);
 }
 
 }  // namespace qksoftmax::cuda::sm90

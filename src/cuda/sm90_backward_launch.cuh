@@ -53,14 +53,14 @@ typename Tiles::Loads step_loads(const Problem& prob) {
 
 }  // namespace sm90
 
-template <class Cfg, class ColCfg>
+template <class ColCfg>
 Status run_sm90_colpass(const Problem& prob, const generic::Params& rows, float* dq_accum, CUstream_st* stream) {
   using namespace cute;
   constexpr const char* kName = "sm90 column pass";
+  constexpr int64_t kHeadDim = ColCfg::kHeadDim;
   const auto accum = make_tensor(make_gmem_ptr(dq_accum),
-                                 make_shape(int32_t(prob.Sq), typename Cfg::HD{}, int32_t(prob.Hq), int32_t(prob.B)),
-                                 make_stride(int64_t(Cfg::kHeadDim), _1{}, prob.Sq * Cfg::kHeadDim,
-                                             prob.Hq * prob.Sq * Cfg::kHeadDim));
+                                 make_shape(int32_t(prob.Sq), typename ColCfg::HD{}, int32_t(prob.Hq), int32_t(prob.B)),
+                                 make_stride(kHeadDim, _1{}, prob.Sq * kHeadDim, prob.Hq * prob.Sq * kHeadDim));
   const typename ColCfg::Params params{
       prob, sm90::step_loads<ColCfg>(prob),
       make_tma_copy(SM90_TMA_REDUCE_ADD{}, accum, typename ColCfg::SmemLayoutdQ{}(_, _, 0)), rows.lse, rows.delta};
@@ -97,8 +97,8 @@ Status run_sm90_backward(const Problem& prob, void* workspace, CUstream_st* stre
   }
   if (cudaMemsetAsync(dq_accum, 0, dq_accum_bytes(prob), stream) != cudaSuccess) return launch_status("dq clear");
   const Status s = prob.mode == BackwardMode::kSavedP
-                       ? run_sm90_colpass<Cfg, sm90::ColPassConfig<Element, Cfg::kHeadDim, true>>(prob, rows, dq_accum, stream)
-                       : run_sm90_colpass<Cfg, sm90::ColPassConfig<Element, Cfg::kHeadDim, false>>(prob, rows, dq_accum, stream);
+                       ? run_sm90_colpass<sm90::ColPassConfig<Element, Cfg::kHeadDim, true>>(prob, rows, dq_accum, stream)
+                       : run_sm90_colpass<sm90::ColPassConfig<Element, Cfg::kHeadDim, false>>(prob, rows, dq_accum, stream);
   if (!s.ok()) return s;
   constexpr int kRowsPerBlock = kConvertThreads / (Cfg::kHeadDim / 4);
   const int64_t dq_rows = prob.B * prob.Hq * prob.Sq;

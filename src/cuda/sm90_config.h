@@ -207,7 +207,6 @@ struct Config {
 
   using SmemLayoutKStaged = decltype(tile_to_shape(SmemAtom{}, Shape<BN, HD, ST>{}));  // (cols, d, stage)
 
-  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
   static constexpr uint32_t kPBytes = kBlockM * kBlockN * sizeof(Element);
 

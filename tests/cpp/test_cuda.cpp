@@ -63,15 +63,19 @@ void expect_matches(const Case& c, const Outputs& gpu, const Outputs& ref) {
   expect_gradient_close(c, "dk", gpu.dk, ref.dk.values(), tolerance);
 }
 
-class GpuVsCpu : public GpuTest, public ::testing::WithParamInterface<Case> {};
-
-TEST_P(GpuVsCpu, ForwardAndBackward) {
-  const Case& c = GetParam();
-  const Inputs in = make_inputs(c, test_seed());
+// Both passes on the GPU, checked against the CPU backend on the same inputs.
+void expect_gpu_matches_cpu(const Case& c, const Inputs& in) {
   Outputs gpu(c, c.dtype, c.layout);
   const Status s = gpu_run(c, in, gpu);
   ASSERT_TRUE(s.ok()) << s.message();
   expect_matches(c, gpu, cpu_reference(c, in));
+}
+
+class GpuVsCpu : public GpuTest, public ::testing::WithParamInterface<Case> {};
+
+TEST_P(GpuVsCpu, ForwardAndBackward) {
+  const Case& c = GetParam();
+  expect_gpu_matches_cpu(c, make_inputs(c, test_seed()));
 }
 
 std::vector<Case> sweep() {
@@ -209,10 +213,7 @@ TEST_P(GpuBiasedGradient, MatchesReference) {
     const double v = in.dp.get(i);
     if (std::isfinite(v)) in.dp.set(i, v + kBias);  // the NaN planted in masked places stays
   }
-  Outputs gpu(c, c.dtype, c.layout);
-  const Status s = gpu_run(c, in, gpu);
-  ASSERT_TRUE(s.ok()) << s.message();
-  expect_matches(c, gpu, cpu_reference(c, in));
+  expect_gpu_matches_cpu(c, in);
 }
 
 std::vector<Case> biased_cases() {

@@ -21,8 +21,8 @@ CTEST_ARGS=${CTEST_ARGS:-}  # e.g. "-R D128" for the Hopper cases only
 SANITIZE_FILTER=${SANITIZE_FILTER:-'*GpuVsCpu*S65x65_D64*:*GpuVsCpu*S136x136_D128*:*GpuVsCpu*S200x200*:*H4x1_S129x129*:*GpuVsCpu*S264x264_D128*:*GpuVsCpu*S1032x264*:*GpuForwardWithoutLse*'}
 # A few cases of each Hopper kernel, run first under a short timeout: a hang shows here, not in ctest.
 SMOKE_FILTER=${SMOKE_FILTER:-'*GpuVsCpu*S520x520_D128*:*GpuVsCpu*S1024x1024_D128*:*GpuVsCpu*S120x120_D128*:*GpuForwardWithoutLse*'}
-# ncu: the Hopper kernels of seed16 cases, in each mode: S = 512 (every fused kernel) and S = 1024 (recompute
-# there runs the two-pass kernels). Per-source-line tables: scripts/ncu_lines.py on the saved CSVs.
+# ncu: the Hopper kernels of seed16 cases, in each mode (the bench's calls are not deterministic: the two-pass
+# backward). Per-source-line tables: scripts/ncu_lines.py on the saved CSVs.
 PROFILE_CASES=${PROFILE_CASES:-"4,128,512,128 4,128,1024,128"}
 PROFILE_MODES=${PROFILE_MODES:-"recompute saved_p forward"}
 BENCH_ARGS=${BENCH_ARGS:-"--suite all --mode all --dtype bf16"}

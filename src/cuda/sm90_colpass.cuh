@@ -84,8 +84,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const bool leader = tid == 0;
   const float scale_log2 = prob.scale * kLog2e;
 
-  const auto head_of = [&](int t) { return kv_head * group + t / steps_per_head; };
-  const auto block_of = [&](int t) { return first_row_block + t % steps_per_head; };
+  // (query head of the group, row block) of consecutive steps, advanced without divisions: one cursor for
+  // the consumers' step, one for the leader's next load.
+  struct Cursor {
+    int64_t head;
+    int block;
+    __device__ void advance(int first, int end) {
+      if (++block == end) {
+        block = first;
+        ++head;
+      }
+    }
+  };
+  Cursor step_at{kv_head * group, first_row_block}, load_at = step_at;
 
   Tensor sQ = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQ{});       // (BM, D, ST)
   Tensor sQt = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQt{});     // (D, BM, ST)
@@ -106,10 +117,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
   __syncthreads();
 
-  // The leader's loads of step t into stage t % kStages.
+  // The leader's loads of step t (the step after the previous call's) into stage t % kStages.
   const auto load_step = [&](int t) {
     const int stage = t % kStages;
-    load_step_tiles<Cfg>(params.tma, prob, st, st.stage_full[stage], stage, b, head_of(t), block_of(t), nb);
+    const int64_t h = load_at.head, mb = load_at.block;
+    load_at.advance(first_row_block, row_blocks);
+    load_step_tiles<Cfg>(params.tma, prob, st, st.stage_full[stage], stage, b, h, mb, nb);
   };
   const auto stage_wait = [&](int t) { Barrier::wait(&st.stage_full[t % kStages], uint32_t((t / kStages) & 1)); };
 
@@ -128,7 +141,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   clear(tdKrdK);
   Tensor tScS = thr_s.partition_C(make_identity_tensor(Shape<BM, BN>{}));  // (MMA, MMA_M, MMA_N) → (r, c)
   Tensor tScS_rc = make_tensor(tScS.data(), rowcol(tScS.layout()));         // (rows, cols) → (r, c)
-  Tensor tdQsdQ = thr_dq.partition_C(sdQ);                                   // (MMA, MMA_M, MMA_D, 2) fp32
+  Tensor tdQcdQ = thr_dq.partition_C(make_identity_tensor(Shape<BM, HD>{}));  // (MMA, MMA_M, MMA_D) → (r, d)
+  const uint32_t dq_base = smem_addr(st.dq.data());
   constexpr int kRows = size<0>(decltype(tScS_rc.layout()){});
 
   // 16-bit tiles between shared memory and the accumulator's layout by ldmatrix / stmatrix.
@@ -136,6 +150,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_s);
   auto thr_s2r = s2r.get_thread_slice(tid);
   auto thr_r2s = r2s.get_thread_slice(tid);
+  const auto dp_addr = matrix_addresses(thr_s2r.partition_S(sdP(_, _, 0)));  // (A, CPY_M, CPY_N), stage 0
+  const auto p_addr = matrix_addresses(thr_s2r.partition_S(sP(_, _, 0)));    // (A, CPY_M, CPY_N), stage 0, saved-P
+  const auto ds_addr = matrix_addresses(thr_r2s.partition_D(sdS));           // (A, CPY_M, CPY_N)
 
   if (steps > 0) Barrier::wait(&st.k_full, 0);
   if constexpr (!kSavedP) {  // S of step 0, waited for here (a product in flight past the loop's entry test
@@ -147,21 +164,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   for (int t = 0; t < steps; ++t) {
     const int stage = t % kStages;
-    const int64_t h = head_of(t), m0 = int64_t(block_of(t)) * kBlockM;
+    const int64_t h = step_at.head, m0 = int64_t(step_at.block) * kBlockM;
+    step_at.advance(first_row_block, row_blocks);
     // This thread's rows' LSE and D: global loads issued before the waits, which cover their latency.
+    const float* lse_rows = params.lse.ptr + params.lse.offset(b, h, m0);      // row m0 of the step
+    const float* delta_rows = params.delta.ptr + params.delta.offset(b, h, m0);
     float lse2[kRows], delta[kRows];
     CUTE_UNROLL
     for (int ri = 0; ri < kRows; ++ri) {
-      const int64_t row = m0 + get<0>(tScS_rc(ri, 0));
-      const bool in = row < Sq;
-      lse2[ri] = in && !kSavedP ? params.lse.ptr[params.lse.offset(b, h, row)] * kLog2e : 0.0f;
-      delta[ri] = in ? params.delta.ptr[params.delta.offset(b, h, row)] : 0.0f;
+      const int r = get<0>(tScS_rc(ri, 0));
+      const bool in = m0 + r < Sq;
+      lse2[ri] = in && !kSavedP ? lse_rows[r * params.lse.sr] * kLog2e : 0.0f;
+      delta[ri] = in ? delta_rows[r * params.delta.sr] : 0.0f;
     }
     if constexpr (kSavedP) stage_wait(t);  // (recompute: waited before S of step t was issued)
     Tensor tSrdP = make_fragment_like<Element>(tSrS);  // (MMA, MMA_M, MMA_N)
-    copy(s2r, thr_s2r.partition_S(sdP(_, _, stage)), thr_s2r.retile_D(tSrdP));
+    const uint32_t stage_offset = uint32_t(stage) * Cfg::kPBytes;  // stages are whole swizzle periods apart
+    load_matrices(dp_addr, stage_offset, thr_s2r.retile_D(tSrdP));
     Tensor tSrP = make_fragment_like<Element>(tSrS);   // (MMA, MMA_M, MMA_N), saved-P
-    if constexpr (kSavedP) copy(s2r, thr_s2r.partition_S(sP(_, _, stage)), thr_s2r.retile_D(tSrP));
+    if constexpr (kSavedP) load_matrices(p_addr, stage_offset, thr_s2r.retile_D(tSrP));
     if constexpr (!kSavedP) {
       warpgroup_wait<0>();  // S of step t
       warpgroup_fence_operand(tSrS);
@@ -173,7 +194,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     Tensor tSrdS = make_fragment_like<Element>(tSrS);                      // (MMA, MMA_M, MMA_N)
     Tensor tSrdS_rc = make_tensor(tSrdS.data(), rowcol(tSrdS.layout()));  // (rows, cols)
     softmax_backward<Cfg>(tSrdS_rc, tSrS_rc, tSrP_rc, tSrdP_rc, tScS_rc, lse2, delta, scale_log2, keys, m0, n0);
-    copy(r2s, thr_r2s.retile_S(tSrdS), thr_r2s.partition_D(sdS));
+    store_matrices(ds_addr, 0, thr_r2s.retile_S(tSrdS));
     // The dQ buffer of this step was last read by the reduce-add of step t − 2: at most one may be pending.
     if (leader) tma_store_wait<Cfg::kDqBuffers - 1>();
     cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
@@ -195,9 +216,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     warpgroup_fence_operand(tdQrdQ);
     warpgroup_fence_operand(tdKrdK);
-    Tensor tdQsdQ_t = tdQsdQ(_, _, _, t % Cfg::kDqBuffers);  // (MMA, MMA_M, MMA_D)
+    // Pairs of adjacent columns as 8-byte shared-memory stores (the swizzle moves 16-byte chunks, so a pair
+    // stays together), addressed by 32-bit offsets from the (row, d) of each pair.
+    const uint32_t dq_buffer = dq_base + uint32_t(t % Cfg::kDqBuffers) * uint32_t(sizeof(float)) *
+                                             uint32_t(cosize_v<typename Cfg::SmemLayoutdQ> / Cfg::kDqBuffers);
     CUTE_UNROLL
-    for (int i = 0; i < size(tdQrdQ); ++i) tdQsdQ_t(i) = tdQrdQ(i);
+    for (int i = 0; i < size(tdQrdQ); i += 2) {
+      const int offset = typename Cfg::SmemLayoutdQ{}(get<0>(tdQcdQ(i)), get<1>(tdQcdQ(i)), 0);
+      store_shared_f2(dq_buffer + uint32_t(offset) * uint32_t(sizeof(float)), tdQrdQ(i), tdQrdQ(i + 1));
+    }
     cutlass::arch::fence_view_async_shared();  // dQ written by threads, read by TMA
     __syncthreads();  // also: the stage and sdS are free (both warpgroups' products of step t are done)
     if (leader) {

@@ -283,6 +283,65 @@ __device__ inline float4 load_cluster_f4(uint32_t addr) {
                : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
   return v;
 }
+// ldmatrix / stmatrix (x4) of a 16-bit shared-memory tile in a wgmma accumulator's layout, addressed by 32-bit
+// shared-memory offsets computed once per thread. CuTe's tiled copies recompute every access's swizzled
+// address in 64-bit generic arithmetic (about eight instructions per access, on the path to the load); a
+// stage of a staged tile is then one add away, since stages are whole swizzle periods apart.
+// A thread's (CPY, CPY_M, CPY_N) partition holds CPY = (8, A): A accesses of 8 contiguous 16-bit values each.
+constexpr int kMatrixValues = 8;  // 16 bytes per thread per x4 access
+
+// The address of each x4 access of `part`, this thread's partition of one stage of the tile (partition_S for
+// loads, partition_D for stores): (A, CPY_M, CPY_N).
+template <class Part>
+__device__ auto matrix_addresses(const Part& part) {
+  constexpr int kAccesses = size<0>(Part{}.layout()) / kMatrixValues;
+  Tensor addr = make_tensor<uint32_t>(make_shape(Int<kAccesses>{}, size<1>(part), size<2>(part)));
+  CUTE_UNROLL
+  for (int a = 0; a < kAccesses; ++a) {
+    CUTE_UNROLL
+    for (int m = 0; m < size<1>(part); ++m) {
+      CUTE_UNROLL
+      for (int n = 0; n < size<2>(part); ++n) addr(a, m, n) = smem_addr(&part(a * kMatrixValues, m, n));
+    }
+  }
+  return addr;
+}
+// frag (CPY, CPY_M, CPY_N), 16-bit, the retile_D of the copy whose partition gave `addr`; each access's 8 values
+// as 4 registers, as CuTe's copy of the atom unpacks them.
+template <class Addr, class Frag>
+__device__ void load_matrices(const Addr& addr, uint32_t offset, Frag&& frag) {
+  CUTE_UNROLL
+  for (int a = 0; a < size<0>(addr); ++a) {
+    CUTE_UNROLL
+    for (int m = 0; m < size<1>(addr); ++m) {
+      CUTE_UNROLL
+      for (int n = 0; n < size<2>(addr); ++n) {
+        Tensor d = recast<uint32_t>(frag(make_coord(_, a), m, n));  // 4 registers
+        asm volatile("ldmatrix.sync.aligned.x4.m8n8.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(d(0)), "=r"(d(1)), "=r"(d(2)), "=r"(d(3))
+                     : "r"(addr(a, m, n) + offset));
+      }
+    }
+  }
+}
+// frag (CPY, CPY_M, CPY_N), 16-bit, the retile_S of the copy whose partition gave `addr`.
+template <class Addr, class Frag>
+__device__ void store_matrices(const Addr& addr, uint32_t offset, const Frag& frag) {
+  CUTE_UNROLL
+  for (int a = 0; a < size<0>(addr); ++a) {
+    CUTE_UNROLL
+    for (int m = 0; m < size<1>(addr); ++m) {
+      CUTE_UNROLL
+      for (int n = 0; n < size<2>(addr); ++n) {
+        Tensor v = recast<const uint32_t>(frag(make_coord(_, a), m, n));  // 4 registers
+        asm volatile("stmatrix.sync.aligned.x4.m8n8.shared.b16 [%0], {%1, %2, %3, %4};"
+                     :
+                     : "r"(addr(a, m, n) + offset), "r"(v(0)), "r"(v(1)), "r"(v(2)), "r"(v(3))
+                     : "memory");
+      }
+    }
+  }
+}
 // The split cluster barrier, ordered with every memory access around it (release on arrive, acquire on wait).
 __device__ inline void cluster_arrive_ordered() { asm volatile("barrier.cluster.arrive.release.aligned;" : : : "memory"); }
 __device__ inline void cluster_wait_ordered() { asm volatile("barrier.cluster.wait.acquire.aligned;" : : : "memory"); }

@@ -90,6 +90,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   // dP and P tiles into the accumulator's layout by ldmatrix (one instruction per 8 × 8 block of a warp).
   auto s2r = make_tiled_copy_C(Copy_Atom<SM75_U32x4_LDSM_N, typename Cfg::Element>{}, mma_s);
   auto thr_s2r = s2r.get_thread_slice(threadIdx.x);
+  const auto dp_addr = matrix_addresses(thr_s2r.partition_S(sdP(_, _, 0)));  // (A, CPY_M, CPY_N), stage 0
+  const auto p_addr = matrix_addresses(thr_s2r.partition_S(sP(_, _, 0)));    // (A, CPY_M, CPY_N), stage 0
 
   // Running statistics of this thread's rows (identical across its quad), in the log2 domain:
   // max of S·scale·log2e, Σ 2^(S' − max), Σ 2^(S' − max)·dP; with the LSE given or in saved-P mode only the dot.
@@ -116,9 +118,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
 
     Tensor tSrS = partition_fragment_C(mma_s, Shape<BM, BN>{});  // (MMA, MMA_M, MMA_N) fp32
     Tensor tSrdP = make_fragment_like<typename Cfg::Element>(tSrS);                         // (MMA, MMA_M, MMA_N)
-    copy(s2r, thr_s2r.partition_S(sdP(_, _, stage)), thr_s2r.retile_D(tSrdP));
+    const uint32_t stage_offset = uint32_t(stage) * Cfg::kPBytes;  // stages are whole swizzle periods apart
+    load_matrices(dp_addr, stage_offset, thr_s2r.retile_D(tSrdP));
     Tensor tSrP = make_fragment_like<typename Cfg::Element>(tSrS);                          // (MMA, MMA_M, MMA_N)
-    if (saved_p) copy(s2r, thr_s2r.partition_S(sP(_, _, stage)), thr_s2r.retile_D(tSrP));
+    if (saved_p) load_matrices(p_addr, stage_offset, thr_s2r.retile_D(tSrP));
     if (need_scores) warpgroup_gemm<true>(mma_s, sQ, sK(_, _, stage), tSrS);
     Tensor tSrS_rc = make_tensor(tSrS.data(), rowcol(tSrS.layout()));                       // (rows, cols)
     Tensor tSrdP_rc = make_tensor(tSrdP.data(), rowcol(tSrdP.layout()));                   // (rows, cols)

@@ -306,42 +306,41 @@ __device__ auto matrix_addresses(const Part& part) {
   }
   return addr;
 }
+// f(a, m, n) for each access of `addr`.
+template <class Addr, class F>
+__device__ void for_each_access(const Addr& addr, F&& f) {
+  CUTE_UNROLL
+  for (int a = 0; a < size<0>(addr); ++a) {
+    CUTE_UNROLL
+    for (int m = 0; m < size<1>(addr); ++m) {
+      CUTE_UNROLL
+      for (int n = 0; n < size<2>(addr); ++n) f(a, m, n);
+    }
+  }
+}
 // frag (CPY, CPY_M, CPY_N), 16-bit, the retile_D of the copy whose partition gave `addr`; each access's 8 values
 // as 4 registers, as CuTe's copy of the atom unpacks them.
 template <class Addr, class Frag>
 __device__ void load_matrices(const Addr& addr, uint32_t offset, Frag&& frag) {
-  CUTE_UNROLL
-  for (int a = 0; a < size<0>(addr); ++a) {
-    CUTE_UNROLL
-    for (int m = 0; m < size<1>(addr); ++m) {
-      CUTE_UNROLL
-      for (int n = 0; n < size<2>(addr); ++n) {
-        Tensor d = recast<uint32_t>(frag(make_coord(_, a), m, n));  // 4 registers
-        asm volatile("ldmatrix.sync.aligned.x4.m8n8.shared.b16 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(d(0)), "=r"(d(1)), "=r"(d(2)), "=r"(d(3))
-                     : "r"(addr(a, m, n) + offset));
-      }
-    }
-  }
+  for_each_access(addr, [&](int a, int m, int n) {
+    Tensor d = recast<uint32_t>(frag(make_coord(_, a), m, n));  // 4 registers
+    asm volatile("ldmatrix.sync.aligned.x4.m8n8.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(d(0)), "=r"(d(1)), "=r"(d(2)), "=r"(d(3))
+                 : "r"(addr(a, m, n) + offset));
+  });
 }
 // frag (CPY, CPY_M, CPY_N), 16-bit, the retile_S of the copy whose partition gave `addr`.
 template <class Addr, class Frag>
 __device__ void store_matrices(const Addr& addr, uint32_t offset, const Frag& frag) {
-  CUTE_UNROLL
-  for (int a = 0; a < size<0>(addr); ++a) {
-    CUTE_UNROLL
-    for (int m = 0; m < size<1>(addr); ++m) {
-      CUTE_UNROLL
-      for (int n = 0; n < size<2>(addr); ++n) {
-        Tensor v = recast<const uint32_t>(frag(make_coord(_, a), m, n));  // 4 registers
-        asm volatile("stmatrix.sync.aligned.x4.m8n8.shared.b16 [%0], {%1, %2, %3, %4};"
-                     :
-                     : "r"(addr(a, m, n) + offset), "r"(v(0)), "r"(v(1)), "r"(v(2)), "r"(v(3))
-                     : "memory");
-      }
-    }
-  }
+  for_each_access(addr, [&](int a, int m, int n) {
+    Tensor v = recast<const uint32_t>(frag(make_coord(_, a), m, n));  // 4 registers
+    asm volatile("stmatrix.sync.aligned.x4.m8n8.shared.b16 [%0], {%1, %2, %3, %4};"
+                 :
+                 : "r"(addr(a, m, n) + offset), "r"(v(0)), "r"(v(1)), "r"(v(2)), "r"(v(3))
+                 : "memory");
+  });
 }
+
 // The split cluster barrier, ordered with every memory access around it (release on arrive, acquire on wait).
 __device__ inline void cluster_arrive_ordered() { asm volatile("barrier.cluster.arrive.release.aligned;" : : : "memory"); }
 __device__ inline void cluster_wait_ordered() { asm volatile("barrier.cluster.wait.acquire.aligned;" : : : "memory"); }

@@ -46,6 +46,12 @@ struct ColPassConfig : StepTiles<Element_, kHeadDim_, kSavedP_> {
   };
   static constexpr int kSmemBytes = int(sizeof(Storage));
 
+  // Element offset of (row, d) in one dQ buffer, the swizzle in element units (SmemLayoutdQ's own swizzle acts
+  // on byte addresses: applied to an element index it would move the wrong bits).
+  CUTE_HOST_DEVICE static int dq_offset(int row, int d) {
+    return as_position_independent_swizzle_layout(SmemLayoutdQ{})(row, d, 0);
+  }
+
   struct Params {
     Problem prob;
     typename Base::Loads tma;
@@ -222,7 +228,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                                              uint32_t(cosize_v<typename Cfg::SmemLayoutdQ> / Cfg::kDqBuffers);
     CUTE_UNROLL
     for (int i = 0; i < size(tdQrdQ); i += 2) {
-      const int offset = typename Cfg::SmemLayoutdQ{}(get<0>(tdQcdQ(i)), get<1>(tdQcdQ(i)), 0);
+      const int offset = Cfg::dq_offset(get<0>(tdQcdQ(i)), get<1>(tdQcdQ(i)));
       store_shared_f2(dq_buffer + uint32_t(offset) * uint32_t(sizeof(float)), tdQrdQ(i), tdQrdQ(i + 1));
     }
     cutlass::arch::fence_view_async_shared();  // dQ written by threads, read by TMA

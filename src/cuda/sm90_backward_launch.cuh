@@ -83,8 +83,8 @@ Status run_sm90_backward(const Problem& prob, void* workspace, CUstream_st* stre
   const auto [q, k, dp, p] = sm90::backward_views<Element, HD>(prob);
   const typename Cfg::Params params{
       prob,
-      make_tma_copy(SM90_TMA_LOAD{}, k, typename Cfg::SmemLayoutK{}),
-      make_tma_copy(SM90_TMA_LOAD{}, q, typename Cfg::SmemLayoutK{}),
+      make_tma_copy(SM90_TMA_LOAD{}, q, typename Cfg::SmemLayoutQ{}),
+      make_tma_copy(SM90_TMA_LOAD{}, k, typename Cfg::SmemLayoutK{}(_, _, 0)),
       make_tma_copy(SM90_TMA_LOAD{}, dp, typename Cfg::SmemLayoutP{}(_, _, 0)),
       make_tma_copy(SM90_TMA_LOAD{}, p, typename Cfg::SmemLayoutP{}(_, _, 0)),
       rows.lse,

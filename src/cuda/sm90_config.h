@@ -177,16 +177,18 @@ struct StepTiles {
   };
 };
 
-// The row statistics of the two-pass backward (sm90_rowstats.cuh).
+// The row statistics of the two-pass backward (sm90_rowstats.cuh): the forward's pass-1 shape, two CTAs per
+// SM of two warpgroups, each warpgroup 64 of the CTA's rows against 64-column key blocks.
 template <class Element_, int kHeadDim_>
 struct Config {
   using Element = Element_;
   static constexpr DType kDType = ElementTraits<Element>::kDType;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = 64;  // query rows per step (one wgmma M)
-  static constexpr int kBlockN = 64;  // key columns per step
-  static constexpr int kStages = 2;   // TMA double buffering of the per-step tiles
-  static constexpr int kThreads = 128;  // one warpgroup
+  static constexpr int kWarpgroups = 2;
+  static constexpr int kBlockM = 64 * kWarpgroups;  // query rows per CTA, 64 per warpgroup
+  static constexpr int kBlockN = 64;                // key columns per step
+  static constexpr int kStages = 2;                 // TMA double buffering of the per-step tiles
+  static constexpr int kThreads = 128 * kWarpgroups;
   static constexpr int kMinBlocksPerSm = 2;
   static constexpr int kQuad = 4;  // lanes that share the rows of a wgmma accumulator
 
@@ -197,37 +199,45 @@ struct Config {
 
   // 128-byte swizzled, K-major tiles.
   using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
-  using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<BN, HD>{}));       // (cols, d)
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<BM, HD>{}));       // (rows, d)
+  using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<BN, HD, ST>{}));   // (cols, d, stage)
   using SmemLayoutP = decltype(tile_to_shape(SmemAtom{}, Shape<BM, BN, ST>{}));   // (rows, cols, stage)
 
   using MmaS = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<BM, BN, HD>, GMMA::Major::K, GMMA::Major::K>()));
-  using TmaK = TmaLoad<Element, HD, SmemLayoutK>;
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, BN, HD>, GMMA::Major::K, GMMA::Major::K>(),
+      Layout<Shape<Int<kWarpgroups>, _1, _1>>{}));
+  using TmaQ = TmaLoad<Element, HD, SmemLayoutQ>;
+  using TmaK = TmaLoad<Element, HD, decltype(SmemLayoutK{}(_, _, 0))>;
   using TmaP = TmaLoad<Element, int32_t, decltype(SmemLayoutP{}(_, _, 0))>;
 
-  using SmemLayoutKStaged = decltype(tile_to_shape(SmemAtom{}, Shape<BN, HD, ST>{}));  // (cols, d, stage)
-
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
-  static constexpr uint32_t kPBytes = kBlockM * kBlockN * sizeof(Element);
+  static constexpr uint32_t kPBytes = kBlockM * kBlockN * sizeof(Element);  // one stage of a P or dP tile
 
-  // The row statistics: Q resident, K, dP, P per step (staged).
+  // Q resident and K staged (recompute), or P staged (saved-P): a mode needs one or the other, so they share
+  // their space; dP staged in both.
   struct RowStatsStorage {
-    alignas(128) cute::array<Element, cosize_v<SmemLayoutK>> q;  // one (rows, d) tile: the shape of a K tile
-    alignas(128) cute::array<Element, cosize_v<SmemLayoutKStaged>> k;
-    alignas(128) cute::array<Element, cosize_v<SmemLayoutP>> dp;
-    alignas(128) cute::array<Element, cosize_v<SmemLayoutP>> p;
+    union {
+      struct {
+        alignas(1024) cute::array<Element, cosize_v<SmemLayoutQ>> q;
+        alignas(1024) cute::array<Element, cosize_v<SmemLayoutK>> k;
+      } scores;
+      alignas(1024) cute::array<Element, cosize_v<SmemLayoutP>> p;
+    };
+    alignas(1024) cute::array<Element, cosize_v<SmemLayoutP>> dp;
     alignas(8) uint64_t stage_full[kStages];
     alignas(8) uint64_t q_full;
   };
-  static_assert(kBlockM == kBlockN, "the row statistics keep their Q tile in a K-tile layout");
   static constexpr int kSmemBytes = int(sizeof(RowStatsStorage));
+  // An SM has 228 KB of shared memory, of which each resident CTA takes 1 KB for the system.
+  static_assert(kSmemBytes + 1024 <= 228 * 1024 / kMinBlocksPerSm, "the row statistics' CTAs per SM do not fit");
 
   struct Params {
     Problem prob;
+    TmaQ tma_q;
     TmaK tma_k;
-    TmaK tma_q_rows;  // the row statistics' Q tile: the shape of a K tile
     TmaP tma_dp;
-    TmaP tma_p;       // saved-P mode only (a copy of tma_dp otherwise, never used)
+    TmaP tma_p;             // saved-P mode only (a copy of tma_dp otherwise, never used)
     generic::RowVec lse;    // written by the row statistics unless lse_given; read by the column pass
     generic::RowVec delta;  // D, written by the row statistics
     bool lse_given;

@@ -1,5 +1,6 @@
-// Hopper backward, row statistics: one CTA (one warpgroup) per (b, h, 64-row block) walks the live column
-// blocks of its rows, K, dP (and P) tiles arriving by TMA (two stages), and produces per row
+// Hopper backward, row statistics: one CTA (two warpgroups of 64 rows, two CTAs per SM) per (b, h, 128-row
+// block) walks the live 64-column blocks of its rows, K, dP (and P) tiles arriving by TMA (two stages), and
+// produces per row
 //   recompute:            LSE (online max/sum of S = scale·QKᵀ, wgmma) and D = Σ_j P_ij dP_ij
 //   recompute, LSE given: D = Σ_j exp(S_ij − LSE_i) dP_ij
 //   saved-P:              D = Σ_j P_ij dP_ij (no product)
@@ -34,12 +35,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   const int64_t steps = (prob.col_end(last_row) + kBlockN - 1) / kBlockN;
   const bool leader = threadIdx.x == 0;
 
-  Tensor sQ = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutK{});        // (BM, D)
-  Tensor sK = make_tensor(make_smem_ptr(st.k.data()), typename Cfg::SmemLayoutKStaged{});  // (BN, D, ST)
+  Tensor sQ = make_tensor(make_smem_ptr(st.scores.q.data()), typename Cfg::SmemLayoutQ{});  // (BM, D), recompute
+  Tensor sK = make_tensor(make_smem_ptr(st.scores.k.data()), typename Cfg::SmemLayoutK{});  // (BN, D, ST), recompute
   Tensor sdP = make_tensor(make_smem_ptr(st.dp.data()), typename Cfg::SmemLayoutP{});      // (BM, BN, ST)
-  Tensor sP = make_tensor(make_smem_ptr(st.p.data()), typename Cfg::SmemLayoutP{});        // (BM, BN, ST)
+  Tensor sP = make_tensor(make_smem_ptr(st.p.data()), typename Cfg::SmemLayoutP{});        // (BM, BN, ST), saved-P
 
-  Tensor mQ = params.tma_q_rows.get_tma_tensor(make_shape(int32_t(prob.Sq), HD{}, int32_t(prob.Hq), int32_t(prob.B)));
+  Tensor mQ = params.tma_q.get_tma_tensor(make_shape(int32_t(prob.Sq), HD{}, int32_t(prob.Hq), int32_t(prob.B)));
   Tensor mK = params.tma_k.get_tma_tensor(make_shape(int32_t(prob.Sk), HD{}, int32_t(prob.Hk), int32_t(prob.B)));
   Tensor mdP = params.tma_dp.get_tma_tensor(make_shape(int32_t(prob.Sq), int32_t(prob.Sk), int32_t(prob.Hq), int32_t(prob.B)));
   Tensor mP = params.tma_p.get_tma_tensor(make_shape(int32_t(prob.Sq), int32_t(prob.Sk), int32_t(prob.Hq), int32_t(prob.B)));
@@ -73,10 +74,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
 
   if (leader) {
     if (need_scores) {
-      Barrier::arrive_and_expect_tx(&st.q_full, Cfg::kKBytes);
+      Barrier::arrive_and_expect_tx(&st.q_full, Cfg::kQBytes);
       Tensor gQ = local_tile(mQ(_, _, h, b), Shape<BM, HD>{}, make_coord(mb, 0));  // (BM, D)
-      auto [tQgQ, tQsQ] = tma_partition(params.tma_q_rows, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-      copy(params.tma_q_rows.with(st.q_full), tQgQ, tQsQ);
+      auto [tQgQ, tQsQ] = tma_partition(params.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+      copy(params.tma_q.with(st.q_full), tQgQ, tQsQ);
     }
     if (steps > 0) issue_step(0);
   }

@@ -216,12 +216,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const int next = t + 1 < steps ? t + 1 : t;
       if (next != t) stage_wait(next);
       warpgroup_gemm<true, false>(mma_s, sQ(_, _, next % kStages), sK, tSrS);
-      warpgroup_wait<1>();  // dQ and dK of step t done, S of step t + 1 in flight
-    } else {
-      warpgroup_wait<0>();
     }
+    // In flight, in order: dQ, dK (and S of step t + 1). The dQ store waits for dQ only; dK runs under it.
+    constexpr int kAfterDk = kSavedP ? 0 : 1;  // products still in flight once dK is done
+    warpgroup_wait<kAfterDk + 1>();
     warpgroup_fence_operand(tdQrdQ);
-    warpgroup_fence_operand(tdKrdK);
     // Pairs of adjacent columns as 8-byte shared-memory stores (the swizzle moves 16-byte chunks, so a pair
     // stays together), addressed by 32-bit offsets from the (row, d) of each pair.
     const uint32_t dq_buffer = dq_base + uint32_t(t % Cfg::kDqBuffers) * uint32_t(sizeof(float)) *
@@ -232,6 +231,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       store_shared_f2(dq_buffer + uint32_t(offset) * uint32_t(sizeof(float)), tdQrdQ(i), tdQrdQ(i + 1));
     }
     cutlass::arch::fence_view_async_shared();  // dQ written by threads, read by TMA
+    warpgroup_wait<kAfterDk>();  // dK of step t
+    warpgroup_fence_operand(tdKrdK);
     __syncthreads();  // also: the stage and sdS are free (both warpgroups' products of step t are done)
     if (leader) {
       Tensor gdQ = local_tile(mdQ(_, _, h, b), Shape<BM, HD>{}, make_coord(m0 / kBlockM, 0));  // (BM, D)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (no network): build on all cores, run every test with the GPU active,
-# benchmark (with the PyTorch peers), compute-sanitizer (memcheck, racecheck) on a representative subset,
+# benchmark (with the PyTorch peers), compute-sanitizer (memcheck, racecheck, synccheck) on a representative subset,
 # read registers/spills and SASS. Results and a log archive go to $OUT; a short table is printed last.
 #
 #   scripts/gpu-check.sh                        # all stages
@@ -18,7 +18,7 @@ CMAKE_ARGS=${CMAKE_ARGS:-}
 CTEST_ARGS=${CTEST_ARGS:-}  # e.g. "-R D128" for the Hopper cases only
 # A representative subset under the sanitizers: every dtype, mask and mode at a tail size (generic and Hopper
 # paths), GQA, strided layouts.
-SANITIZE_FILTER=${SANITIZE_FILTER:-'*GpuVsCpu*S65x65_D64*:*GpuVsCpu*S136x136_D128*:*GpuVsCpu*S200x200*:*H4x1_S129x129*:*GpuVsCpu*S264x264_D128*:*GpuVsCpu*S1032x264*:*GpuForwardWithoutLse*'}
+SANITIZE_FILTER=${SANITIZE_FILTER:-'*GpuVsCpu*S65x65_D64*:*GpuVsCpu*S136x136_D128*:*GpuVsCpu*S200x200*:*H4x1_S129x129*:*GpuVsCpu*S264x264_D128*:*GpuVsCpu*S1032x264*:*GpuForwardWithoutLse*:*GpuManyItems*S200x200*'}
 # A few cases of each Hopper kernel, run first under a short timeout: a hang shows here, not in ctest.
 SMOKE_FILTER=${SMOKE_FILTER:-'*GpuVsCpu*S520x520_D128*:*GpuVsCpu*S1024x1024_D128*:*GpuVsCpu*S120x120_D128*:*GpuForwardWithoutLse*'}
 # ncu: the Hopper kernels of seed16 cases, in each mode (the bench's calls are not deterministic: the two-pass
@@ -95,7 +95,7 @@ if has_stage peers; then
 fi
 if has_stage sanitize; then
   tests_bin=$(find $BUILD -name qksoftmax_tests -type f | head -1)
-  for tool in memcheck racecheck; do
+  for tool in memcheck racecheck synccheck; do
     if run_logged "sanitize-$tool" compute-sanitizer --tool $tool --error-exitcode 1 "$tests_bin" \
           --gtest_filter="$SANITIZE_FILTER" --gtest_brief=1; then
       record $tool ok "$(last_line 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOGS/sanitize-$tool.log")"

@@ -233,6 +233,57 @@ std::vector<Case> biased_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Bias, GpuBiasedGradient, ::testing::ValuesIn(biased_cases()), param_name);
 
+// Many more (batch, head, row block) tiles than SMs, so that a persistent kernel's CTAs take several each
+// (reusing their buffers and barrier phases); the last row block is cut at S = 200.
+class GpuManyItems : public GpuTest, public ::testing::WithParamInterface<Case> {};
+
+TEST_P(GpuManyItems, ForwardAndBackward) {
+  const Case& c = GetParam();
+  expect_gpu_matches_cpu(c, make_inputs(c, test_seed()));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Heads, GpuManyItems,
+    ::testing::Values(Case{.B = 2, .Hq = 48, .Hk = 16, .Sq = 256, .Sk = 256, .D = 128},
+                      Case{.B = 3, .Hq = 20, .Hk = 5, .Sq = 200, .Sk = 200, .D = 128, .dtype = DType::kFloat16},
+                      Case{.B = 1, .Hq = 12, .Hk = 12, .Sq = 1024, .Sk = 1024, .D = 128, .mask = Mask::kNone}),
+    param_name);
+
+// Repeated forwards of a shape with ~16 row-block tiles per SM (the one-pass forward on branch forward-stripe
+// faulted at this shape and passed the checks of smaller ones): every row of P sums to 1 and its masked part
+// is 0. Too large for the CPU reference.
+TEST_F(GpuTest, ForwardManyItemsRepeated) {
+  constexpr int kRuns = 10;
+  const Case c{.B = 2, .Hq = 128, .Hk = 128, .Sq = 512, .Sk = 512, .D = 128};
+  std::mt19937_64 rng(test_seed());
+  HostTensor q(c.dtype, c.q_shape()), k(c.dtype, c.k_shape()), p(c.dtype, c.probs_shape());
+  fill_normal(q, rng);
+  fill_normal(k, rng);
+  const Stream stream;
+  const DeviceTensor dev_q(q), dev_k(k);
+  DeviceTensor dev_p(p);
+  for (int run = 0; run < kRuns; ++run) {
+    dev_p.poison();
+    const Status s = gpu_forward({dev_q.desc(), dev_k.desc(), dev_p.desc(), {}}, c.options(), stream.get());
+    ASSERT_TRUE(s.ok()) << s.message();
+  }
+  ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+  ASSERT_TRUE(dev_p.download(p).ok());
+  int bad_rows = 0, unmasked = 0;
+  for (int64_t row = 0; row < c.B * c.Hq * c.Sq; ++row) {
+    const int64_t i = row % c.Sq;
+    double sum = 0.0;
+    for (int64_t j = 0; j < c.Sk; ++j) {
+      const double v = p.get(row * c.Sk + j);
+      sum += v;
+      unmasked += j > i && v != 0.0;
+    }
+    bad_rows += !(std::abs(sum - 1.0) < contract_tolerance(c.dtype));
+  }
+  EXPECT_EQ(bad_rows, 0) << "rows of P whose sum is not 1";
+  EXPECT_EQ(unmasked, 0) << "masked elements of P that are not 0";
+}
+
 // The forward without the optional lse output: on the generic path (S = 129) and the Hopper path (S = 136,
 // 16-byte aligned rows).
 class GpuForwardWithoutLse : public GpuTest, public ::testing::WithParamInterface<int64_t> {};

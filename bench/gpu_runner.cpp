@@ -137,12 +137,13 @@ Result run_case(const GpuContext& ctx, Impl& impl, const CaseSpec& spec, const S
   out->failure = verdict(out->errors, spec.dtype);
   if (!out->passed()) return {};
   stage("timing");
-  double us = 0;
+  double us = 0, host_us = 0;
   QKB_TRY(median_call_us(ctx.stream, {ctx.warmup, ctx.runs, out->copies}, [&](int i) {
     return impl.call(spec, w.sets[size_t(i)], w.scratch(), ctx.stream);
-  }, &us));
+  }, &us, &host_us));
   QKB_TRY(launch_result(impl.name()));
   out->us = us;
+  out->host_us = host_us;
   return {};
 }
 

@@ -77,7 +77,7 @@ void write_case(std::ostream& out, const CaseResult& c) {
   errors << "}";
   const bool timed = c.us.has_value();
   out << "{\"B\": " << c.shape.B << ", \"H\": " << c.shape.H << ", \"S\": " << c.shape.S << ", \"D\": " << c.shape.D
-      << ", \"us\": " << number(c.us) << ", \"sol_us\": " << number(c.sol_us)
+      << ", \"us\": " << number(c.us) << ", \"host_us\": " << number(c.host_us) << ", \"sol_us\": " << number(c.sol_us)
       << ", \"sol_pct\": " << number(timed && c.sol_us ? std::optional(kPercent * *c.sol_us / *c.us) : std::nullopt)
       << ", \"bytes\": " << number(c.cost.bytes) << ", \"flops\": " << number(c.cost.flops)
       << ", \"copies\": " << c.copies << ", \"err\": " << errors.str()

@@ -30,7 +30,12 @@ void print_case(const CaseResult& c) {
     return;
   }
   const double seconds = *c.us * kMicro;
-  std::printf(" %10.1f %8.2f %8.1f", *c.us, c.cost.flops / seconds / kTera, c.cost.bytes / seconds / kGiga);
+  std::printf(" %10.1f", *c.us);
+  if (c.host_us)
+    std::printf(" %7.1f", *c.host_us);
+  else
+    std::printf(" %7s", "-");
+  std::printf(" %8.2f %8.1f", c.cost.flops / seconds / kTera, c.cost.bytes / seconds / kGiga);
   if (c.sol_us)
     std::printf(" %9.1f %6.1f%%", *c.sol_us, kPercent * *c.sol_us / *c.us);
   else
@@ -49,8 +54,8 @@ void print_ceilings(const Ceilings& c) {
 void print_run(const RunResult& run) {
   std::printf("\n== %s | %s | %s | %s ==\n", run.suite.c_str(), mode_name(run.mode), dtype_short_name(run.dtype),
               run.impl.c_str());
-  std::printf("%4s %5s %6s %4s %10s %8s %8s %9s %7s %6s  %s\n", "B", "H", "S", "D", "us", "TFLOP/s", "GB/s",
-              "SOL us", "%SOL", "copies", "check (rel. error)");
+  std::printf("%4s %5s %6s %4s %10s %7s %8s %8s %9s %7s %6s  %s\n", "B", "H", "S", "D", "us", "host us", "TFLOP/s",
+              "GB/s", "SOL us", "%SOL", "copies", "check (rel. error)");
   for (const CaseResult& c : run.cases) print_case(c);
   const Aggregate a = aggregate(run);
   if (!a.mean_us) {

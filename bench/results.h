@@ -20,6 +20,7 @@ struct CaseResult {
   Shape shape;
   Cost cost;                      // SOL-model bytes and flops
   std::optional<double> us;       // median time per call; absent when the case failed
+  std::optional<double> host_us;  // median host time to enqueue a call (GPU runs only)
   std::optional<double> sol_us;   // absent without ceilings (CPU backend)
   std::vector<OutputError> errors;
   std::string failure;            // why no time is reported: the check's verdict or the error met

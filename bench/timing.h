@@ -22,12 +22,16 @@ struct TimingPlan {
 // Enqueues one call on set `set`; must not synchronise.
 using EnqueueCall = std::function<Result(int set)>;
 
-// Per-call times in µs, one per timed call.
-Result time_calls(cudaStream_t stream, const TimingPlan& plan, const EnqueueCall& call, std::vector<double>* us);
+// Per-call times in µs, one per timed call. With host_us, also the host's wall time to enqueue each timed
+// call (validation, descriptors, launches): where it exceeds the GPU time, the GPU waits on the host and the
+// events measure the host.
+Result time_calls(cudaStream_t stream, const TimingPlan& plan, const EnqueueCall& call, std::vector<double>* us,
+                  std::vector<double>* host_us = nullptr);
 
 double median(std::vector<double> values);
 
-// time_calls, then the median, in µs.
-Result median_call_us(cudaStream_t stream, const TimingPlan& plan, const EnqueueCall& call, double* us);
+// time_calls, then the medians, in µs.
+Result median_call_us(cudaStream_t stream, const TimingPlan& plan, const EnqueueCall& call, double* us,
+                      double* host_us = nullptr);
 
 }  // namespace qkbench

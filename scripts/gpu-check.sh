@@ -6,6 +6,8 @@
 #   scripts/gpu-check.sh                        # all stages
 #   STAGES="build ctest" scripts/gpu-check.sh   # some
 #   BUDGET_S=540 scripts/gpu-check.sh           # stages after the budget are cut short, the summary still prints
+#   STAGES="build bench ab" AB_CUDA_FLAGS=-DQKSOFTMAX_STRIPE_CONSUMERS=3 scripts/gpu-check.sh
+#                                               # A/B: the bench again from a second build with those flags
 #
 # Needs .deps/ (scripts/deps.sh, run where there is network; carry it with the call).
 # shellcheck disable=SC2086
@@ -26,6 +28,7 @@ SMOKE_FILTER=${SMOKE_FILTER:-'*GpuVsCpu*S520x520_D128*:*GpuVsCpu*S1024x1024_D128
 PROFILE_CASES=${PROFILE_CASES:-"4,128,512,128 4,128,1024,128"}
 PROFILE_MODES=${PROFILE_MODES:-"recompute saved_p forward"}
 BENCH_ARGS=${BENCH_ARGS:-"--suite all --mode all --dtype bf16"}
+AB_CUDA_FLAGS=${AB_CUDA_FLAGS:-}  # stage ab: the bench (BENCH_ARGS) of a build with these CUDA flags, $OUT/ab.json
 PEER_ARGS=${PEER_ARGS:-"--suite seed16 --dtype bf16 --impl eager,compile,autograd,eager_fwd,compile_fwd,eager_fwd_bwd,compile_fwd_bwd,qksoftmax_fwd_bwd,qksoftmax_p_fwd_bwd"}
 BUILD=build/gpu
 LOGS=$OUT/logs
@@ -83,6 +86,19 @@ if has_stage bench; then
     record bench ok "$(grep -c '^suite' "$LOGS/bench.log") suite tables"
   else
     record bench FAIL "$(grep -c FAILED "$LOGS/bench.log") FAILED lines, see logs/bench.log"
+  fi
+fi
+
+if has_stage ab; then
+  if [ -z "$AB_CUDA_FLAGS" ]; then
+    record ab FAIL "stage ab needs AB_CUDA_FLAGS"
+  elif run_logged ab-configure cmake -S . -B build/gpu-ab -G Ninja -DCMAKE_BUILD_TYPE=Release -DQKSOFTMAX_BUILD_TESTS=OFF \
+          -DQKSOFTMAX_BUILD_BENCH=ON -DQKSOFTMAX_BUILD_PYTHON=OFF -DCMAKE_CUDA_FLAGS="$AB_CUDA_FLAGS" $CMAKE_ARGS &&
+       run_logged ab-build cmake --build build/gpu-ab -j "$(nproc)" --target qksoftmax-bench &&
+       run_logged ab build/gpu-ab/bench/qksoftmax-bench $BENCH_ARGS --json "$OUT/ab.json"; then
+    record ab ok "$AB_CUDA_FLAGS: $(grep -c '^suite' "$LOGS/ab.log") suite tables, ab.json"
+  else
+    record ab FAIL "see logs/ab*.log"
   fi
 fi
 

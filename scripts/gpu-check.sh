@@ -6,8 +6,8 @@
 #   scripts/gpu-check.sh                        # all stages
 #   STAGES="build ctest" scripts/gpu-check.sh   # some
 #   BUDGET_S=540 scripts/gpu-check.sh           # stages after the budget are cut short, the summary still prints
-#   STAGES="build bench ab" AB_CUDA_FLAGS=-DQKSOFTMAX_STRIPE_CONSUMERS=3 scripts/gpu-check.sh
-#                                               # A/B: the bench again from a second build with those flags
+#   STAGES="build bench ab" AB_CUDA_FLAGS="-DKNOB=3;-DKNOB=4" scripts/gpu-check.sh
+#                                               # A/B: the bench again from a build per ';'-separated variant
 #
 # Needs .deps/ (scripts/deps.sh, run where there is network; carry it with the call).
 # shellcheck disable=SC2086
@@ -28,7 +28,7 @@ SMOKE_FILTER=${SMOKE_FILTER:-'*GpuVsCpu*S520x520_D128*:*GpuVsCpu*S1024x1024_D128
 PROFILE_CASES=${PROFILE_CASES:-"4,128,512,128 4,128,1024,128"}
 PROFILE_MODES=${PROFILE_MODES:-"recompute saved_p forward"}
 BENCH_ARGS=${BENCH_ARGS:-"--suite all --mode all --dtype bf16"}
-AB_CUDA_FLAGS=${AB_CUDA_FLAGS:-}  # stage ab: the bench (BENCH_ARGS) of a build with these CUDA flags, $OUT/ab.json
+AB_CUDA_FLAGS=${AB_CUDA_FLAGS:-}  # stage ab: ';'-separated CUDA flags, a build and a bench (BENCH_ARGS) each: $OUT/ab<i>.json
 PEER_ARGS=${PEER_ARGS:-"--suite seed16 --dtype bf16 --impl eager,compile,autograd,eager_fwd,compile_fwd,eager_fwd_bwd,compile_fwd_bwd,qksoftmax_fwd_bwd,qksoftmax_p_fwd_bwd"}
 BUILD=build/gpu
 LOGS=$OUT/logs
@@ -92,14 +92,20 @@ fi
 if has_stage ab; then
   if [ -z "$AB_CUDA_FLAGS" ]; then
     record ab FAIL "stage ab needs AB_CUDA_FLAGS"
-  elif run_logged ab-configure cmake -S . -B build/gpu-ab -G Ninja -DCMAKE_BUILD_TYPE=Release -DQKSOFTMAX_BUILD_TESTS=OFF \
-          -DQKSOFTMAX_BUILD_BENCH=ON -DQKSOFTMAX_BUILD_PYTHON=OFF -DCMAKE_CUDA_FLAGS="$AB_CUDA_FLAGS" $CMAKE_ARGS &&
-       run_logged ab-build cmake --build build/gpu-ab -j "$(nproc)" --target qksoftmax-bench &&
-       run_logged ab build/gpu-ab/bench/qksoftmax-bench $BENCH_ARGS --json "$OUT/ab.json"; then
-    record ab ok "$AB_CUDA_FLAGS: $(grep -c '^suite' "$LOGS/ab.log") suite tables, ab.json"
-  else
-    record ab FAIL "see logs/ab*.log"
   fi
+  IFS=';' read -r -a ab_variants <<< "$AB_CUDA_FLAGS"
+  for i in "${!ab_variants[@]}"; do
+    flags=${ab_variants[$i]}; n=$((i + 1))
+    if run_logged "ab$n-configure" cmake -S . -B "build/gpu-ab$n" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+          -DQKSOFTMAX_BUILD_TESTS=OFF -DQKSOFTMAX_BUILD_BENCH=ON -DQKSOFTMAX_BUILD_PYTHON=OFF \
+          -DCMAKE_CUDA_FLAGS="$flags" $CMAKE_ARGS &&
+       run_logged "ab$n-build" cmake --build "build/gpu-ab$n" -j "$(nproc)" --target qksoftmax-bench &&
+       run_logged "ab$n" "build/gpu-ab$n/bench/qksoftmax-bench" $BENCH_ARGS --json "$OUT/ab$n.json"; then
+      record "ab$n" ok "$flags: $(grep '^suite' "$LOGS/ab$n.log" | tail -1)"
+    else
+      record "ab$n" FAIL "$flags: see logs/ab$n*.log"
+    fi
+  done
 fi
 
 if has_stage peers; then

@@ -233,8 +233,10 @@ std::vector<Case> biased_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Bias, GpuBiasedGradient, ::testing::ValuesIn(biased_cases()), param_name);
 
-// Many more (batch, head, row block) tiles than SMs, so that a persistent kernel's CTAs take several each
-// (reusing their buffers and barrier phases); the last row block is cut at S = 200.
+// Many more (batch, head, row block) tiles than SMs: 1.8–3.9 64-row items per SM, so that a persistent
+// kernel's CTAs take several each (reusing their buffers and barrier phases), with up to 16 key tiles per
+// item; the last row block is cut at S = 200. The S = 512 case (3 items per SM, 8 key tiles) is the
+// sanitizers' many-item case.
 class GpuManyItems : public GpuTest, public ::testing::WithParamInterface<Case> {};
 
 TEST_P(GpuManyItems, ForwardAndBackward) {
@@ -246,42 +248,78 @@ INSTANTIATE_TEST_SUITE_P(
     Heads, GpuManyItems,
     ::testing::Values(Case{.B = 2, .Hq = 48, .Hk = 16, .Sq = 256, .Sk = 256, .D = 128},
                       Case{.B = 3, .Hq = 20, .Hk = 5, .Sq = 200, .Sk = 200, .D = 128, .dtype = DType::kFloat16},
-                      Case{.B = 1, .Hq = 12, .Hk = 12, .Sq = 1024, .Sk = 1024, .D = 128, .mask = Mask::kNone}),
+                      Case{.B = 1, .Hq = 32, .Hk = 32, .Sq = 1024, .Sk = 1024, .D = 128, .mask = Mask::kNone},
+                      Case{.B = 1, .Hq = 48, .Hk = 48, .Sq = 512, .Sk = 512, .D = 128,
+                           .variant = Variant::kSavedP}),
     param_name);
 
-// Repeated forwards of a shape with ~16 row-block tiles per SM (the one-pass forward on branch forward-stripe
-// faulted at this shape and passed the checks of smaller ones): every row of P sums to 1 and its masked part
-// is 0. Too large for the CPU reference.
+// Forwards enqueued back to back, with no synchronisation between them, at a shape with ~16 row-block tiles
+// per SM (the one-pass forward on branch forward-stripe faulted here, and passed at smaller ones). Every
+// call's P and LSE must equal the first call's bit for bit (each output element is summed in a fixed order),
+// and the first call's must match the CPU backend row by row: one wrong tile among 67M elements would vanish
+// in a single Frobenius norm.
 TEST_F(GpuTest, ForwardManyItemsRepeated) {
   constexpr int kRuns = 10;
+  constexpr double kLseBound = 1e-4;  // per row, relative to 1 + |LSE|: a wrong tile moves it by ~1e-2
   const Case c{.B = 2, .Hq = 128, .Hk = 128, .Sq = 512, .Sk = 512, .D = 128};
   std::mt19937_64 rng(test_seed());
-  HostTensor q(c.dtype, c.q_shape()), k(c.dtype, c.k_shape()), p(c.dtype, c.probs_shape());
+  HostTensor q(c.dtype, c.q_shape()), k(c.dtype, c.k_shape());
   fill_normal(q, rng);
   fill_normal(k, rng);
+  Outputs ref(c, DType::kFloat32, Layout::kContiguous);
+  ASSERT_TRUE(cpu_forward(c, q.converted(DType::kFloat32), k.converted(DType::kFloat32), ref).ok());
+
   const Stream stream;
   const DeviceTensor dev_q(q), dev_k(k);
-  DeviceTensor dev_p(p);
+  std::vector<Outputs> runs;
+  std::vector<DeviceTensor> dev_p, dev_lse;
+  runs.reserve(kRuns);
+  dev_p.reserve(kRuns);
+  dev_lse.reserve(kRuns);
   for (int run = 0; run < kRuns; ++run) {
-    dev_p.poison();
-    const Status s = gpu_forward({dev_q.desc(), dev_k.desc(), dev_p.desc(), {}}, c.options(), stream.get());
-    ASSERT_TRUE(s.ok()) << s.message();
+    runs.emplace_back(c, c.dtype, c.layout);
+    dev_p.emplace_back(runs.back().p);
+    dev_lse.emplace_back(runs.back().lse);
+    dev_p.back().poison();
+    dev_lse.back().poison();
+  }
+  const auto args = [&](int run) {
+    return ForwardArgs{dev_q.desc(), dev_k.desc(), dev_p[run].desc(), dev_lse[run].desc()};
+  };
+  size_t bytes = 0;
+  ASSERT_TRUE(forward_workspace_size(args(0), c.options(), &bytes).ok());
+  const DeviceBuffer workspace(bytes);
+  for (int run = 0; run < kRuns; ++run) {
+    const Status s = forward(args(run), c.options(), workspace.get(), bytes, stream.get());
+    ASSERT_TRUE(s.ok()) << "run " << run << ": " << s.message();
   }
   ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
-  ASSERT_TRUE(dev_p.download(p).ok());
-  int bad_rows = 0, unmasked = 0;
-  for (int64_t row = 0; row < c.B * c.Hq * c.Sq; ++row) {
-    const int64_t i = row % c.Sq;
-    double sum = 0.0;
-    for (int64_t j = 0; j < c.Sk; ++j) {
-      const double v = p.get(row * c.Sk + j);
-      sum += v;
-      unmasked += j > i && v != 0.0;
-    }
-    bad_rows += !(std::abs(sum - 1.0) < contract_tolerance(c.dtype));
+  for (int run = 0; run < kRuns; ++run) {
+    ASSERT_TRUE(dev_p[run].download(runs[run].p).ok());
+    ASSERT_TRUE(dev_lse[run].download(runs[run].lse).ok());
   }
-  EXPECT_EQ(bad_rows, 0) << "rows of P whose sum is not 1";
-  EXPECT_EQ(unmasked, 0) << "masked elements of P that are not 0";
+  for (int run = 1; run < kRuns; ++run) {
+    EXPECT_TRUE(bitwise_equal(runs[run].p, runs[0].p)) << "P of run " << run << " differs from run 0's";
+    EXPECT_TRUE(bitwise_equal(runs[run].lse, runs[0].lse)) << "LSE of run " << run << " differs from run 0's";
+  }
+
+  const HostTensor& p = runs[0].p;
+  const double bound = contract_tolerance(c.dtype);
+  int bad_rows = 0, bad_lse = 0;
+  for (int64_t row = 0; row < c.B * c.Hq * c.Sq; ++row) {
+    double diff = 0.0, norm = 0.0;
+    for (int64_t j = 0; j < c.Sk; ++j) {
+      const double want = ref.p.get(row * c.Sk + j), d = p.get(row * c.Sk + j) - want;
+      diff += d * d;
+      norm += want * want;
+    }
+    bad_rows += !(std::sqrt(diff) <= bound * std::sqrt(norm));  // NaN (poison left) counts as bad
+    const double lse = runs[0].lse.get(row), want_lse = ref.lse.get(row);
+    bad_lse += !(std::fabs(lse - want_lse) <= kLseBound * (1.0 + std::fabs(want_lse)));
+  }
+  EXPECT_EQ(bad_rows, 0) << "rows of P off the CPU backend's by more than " << bound << " (relative)";
+  EXPECT_EQ(bad_lse, 0) << "rows whose LSE is off the CPU backend's";
+  expect_masked_zero(p, c.mask);
 }
 
 // The forward without the optional lse output: on the generic path (S = 129) and the Hopper path (S = 136,

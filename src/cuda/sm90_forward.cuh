@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   const int64_t kv_head = h / prob.group();
   const int64_t m0 = mb * kBlockM;
   const int col_blocks = int((Sk + kBlockN - 1) / kBlockN);
-  const int live_blocks = int((keys.col_end(min(m0 + kBlockM, Sq) - 1) + kBlockN - 1) / kBlockN);
+  const int live_blocks = int(generic::col_blocks_for_rows<Cfg>(prob, m0));
   const int tid = threadIdx.x;
 
   Tensor sQ = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQ{});  // (BM, D)

@@ -31,6 +31,19 @@ Result copy_GBps(cudaStream_t stream, double* gbps) {
   return {};
 }
 
+// Writes alone (cudaMemsetAsync), the traffic the forward is made of: reported beside the copy ceiling, which
+// SOL uses.
+Result write_GBps(cudaStream_t stream, double* gbps) {
+  DeviceBuffer dst;
+  QKB_TRY(dst.allocate(kCopyBytes));
+  double us = 0;
+  QKB_TRY(median_call_us(stream, {kWarmup, kRuns, 1}, [&](int) {
+    return cuda_result(cudaMemsetAsync(dst.get(), 0, kCopyBytes, stream), "cudaMemsetAsync");
+  }, &us));
+  *gbps = double(kCopyBytes) / (us * kMicro) / kGiga;
+  return {};
+}
+
 // C = A B, all n×n of dtype, on data a and b already hold.
 Result gemm_TFLOPs(cudaStream_t stream, cublasHandle_t cublas, DType dtype, cublasComputeType_t compute,
                    const DeviceBuffer& a, const DeviceBuffer& b, const DeviceBuffer& c, double* tflops) {
@@ -55,6 +68,7 @@ Result gemm_TFLOPs(cudaStream_t stream, cublasHandle_t cublas, DType dtype, cubl
 
 Result measure_ceilings(cudaStream_t stream, cublasHandle_t cublas, Ceilings* ceilings) {
   QKB_TRY(copy_GBps(stream, &ceilings->copy_GBps));
+  QKB_TRY(write_GBps(stream, &ceilings->write_GBps));
   const size_t matrix_bytes = size_t(kGemmSize) * kGemmSize * sizeof(float);
   DeviceBuffer a, b, c;
   QKB_TRY(a.allocate(matrix_bytes));

@@ -62,6 +62,7 @@ void write_ceilings(std::ostream& out, const std::optional<Ceilings>& c, int ind
   auto value = [&](double Ceilings::* field) { return c ? number((*c).*field) : "null"; };
   Object o(out, indent);
   o.key("copy_GBps") << value(&Ceilings::copy_GBps);
+  o.key("write_GBps") << value(&Ceilings::write_GBps);
   o.key("bf16_TFLOPs") << value(&Ceilings::bf16_TFLOPs);
   o.key("fp16_TFLOPs") << value(&Ceilings::fp16_TFLOPs);
   o.key("tf32_TFLOPs") << value(&Ceilings::tf32_TFLOPs);

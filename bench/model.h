@@ -50,6 +50,7 @@ std::vector<Suite> suites_named(std::string_view name);
 // Ceilings measured on the GPU in the same run (CONTRACT.md section 6).
 struct Ceilings {
   double copy_GBps = 0;    // bytes read + written per second of a device-to-device copy, in 1e9
+  double write_GBps = 0;   // bytes written per second of a device memset (reported: the forward mostly writes)
   double bf16_TFLOPs = 0;  // cuBLAS 8192³ GEMM rates, in 1e12 flop/s
   double fp16_TFLOPs = 0;
   double tf32_TFLOPs = 0;  // fp32 data, TF32 tensor cores allowed: the rate SOL uses for fp32

@@ -148,7 +148,7 @@ if has_stage profile; then
     for mode in $PROFILE_MODES; do
       # (saved-P inputs come from the forward: that mode's filter must not take the forward kernel)
       kernels='regex:fused_backward|colpass|rowstats|convert_dq'
-      [ "$mode" = forward ] && kernels='regex:forward_kernel'
+      [ "$mode" = forward ] && kernels='regex:forward_(stripe_)?kernel'
       name="ncu-$mode-S$(echo "$case" | cut -d, -f3)"
       run_logged "$name" ncu --clock-control none --set full --import-source yes \
         -k "$kernels" --launch-count 2 -f -o "$OUT/$name" \

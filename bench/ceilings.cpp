@@ -44,6 +44,28 @@ Result write_GBps(cudaStream_t stream, double* gbps) {
   return {};
 }
 
+// L2: a buffer of a third of L2 read, or reduce-added into, kL2Passes times per call (after one warm-up call
+// has brought it in).
+constexpr int kL2Passes = 16;
+constexpr int64_t kL2Fraction = 3;
+Result l2_GBps(cudaStream_t stream, int64_t l2_bytes, double* read_gbps, double* reduce_gbps) {
+  const size_t bytes = size_t(l2_bytes / kL2Fraction) / sizeof(float4) * sizeof(float4);
+  DeviceBuffer buf, sink;
+  QKB_TRY(buf.allocate(bytes));
+  QKB_TRY(sink.allocate(sizeof(uint32_t)));
+  QKB_CUDA(cudaMemsetAsync(buf.get(), 0, bytes, stream));
+  double us = 0;
+  QKB_TRY(median_call_us(stream, {kWarmup, kRuns, 1}, [&](int) {
+    return l2_read(buf.get(), bytes, kL2Passes, sink.get(), stream);
+  }, &us));
+  *read_gbps = double(bytes) * kL2Passes / (us * kMicro) / kGiga;
+  QKB_TRY(median_call_us(stream, {kWarmup, kRuns, 1}, [&](int) {
+    return l2_reduce(buf.get(), bytes, kL2Passes, stream);
+  }, &us));
+  *reduce_gbps = double(bytes) * kL2Passes / (us * kMicro) / kGiga;
+  return {};
+}
+
 // C = A B, all n×n of dtype, on data a and b already hold.
 Result gemm_TFLOPs(cudaStream_t stream, cublasHandle_t cublas, DType dtype, cublasComputeType_t compute,
                    const DeviceBuffer& a, const DeviceBuffer& b, const DeviceBuffer& c, double* tflops) {
@@ -69,6 +91,9 @@ Result gemm_TFLOPs(cudaStream_t stream, cublasHandle_t cublas, DType dtype, cubl
 Result measure_ceilings(cudaStream_t stream, cublasHandle_t cublas, Ceilings* ceilings) {
   QKB_TRY(copy_GBps(stream, &ceilings->copy_GBps));
   QKB_TRY(write_GBps(stream, &ceilings->write_GBps));
+  DeviceInfo info;
+  QKB_TRY(device_info(&info));
+  QKB_TRY(l2_GBps(stream, info.l2_bytes, &ceilings->l2_read_GBps, &ceilings->l2_reduce_GBps));
   const size_t matrix_bytes = size_t(kGemmSize) * kGemmSize * sizeof(float);
   DeviceBuffer a, b, c;
   QKB_TRY(a.allocate(matrix_bytes));

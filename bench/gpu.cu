@@ -41,6 +41,28 @@ __global__ void scale_kernel(T* data, int64_t n, float factor) {
     data[i] = from_float<T>(to_float(data[i]) * factor);
 }
 
+// `passes` reads of buf (16-byte loads that skip L1), folded into one word per thread so that the loads stay;
+// the word is stored only if it takes one value out of 2^32.
+__global__ void l2_read_kernel(const uint4* buf, int64_t n, int passes, uint32_t* sink) {
+  constexpr uint32_t kUnlikely = 0x9E3779B9u;
+  uint32_t fold = 0;
+  for (int p = 0; p < passes; ++p) {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+      const uint4 v = __ldcg(buf + i);
+      fold ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+  }
+  if (fold == kUnlikely) *sink = fold;
+}
+
+// `passes` rounds of 16-byte fp32 reduce-adds (red.global.add.v4.f32) over buf.
+__global__ void l2_reduce_kernel(float4* buf, int64_t n, int passes) {
+  for (int p = 0; p < passes; ++p) {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+      atomicAdd(buf + i, make_float4(1.0f, 1.0f, 1.0f, 1.0f));
+  }
+}
+
 int grid_for(int64_t n) {
   static const int sms = [] {
     int device = 0, count = 0;
@@ -133,6 +155,19 @@ Result scale_in_place(void* data, DType dtype, int64_t n, float factor, cudaStre
     using T = decltype(tag);
     scale_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(static_cast<T*>(data), n, factor);
   });
+}
+
+Result l2_read(const void* buf, size_t bytes, int passes, void* sink, cudaStream_t stream) {
+  const int64_t n = int64_t(bytes / sizeof(uint4));
+  l2_read_kernel<<<grid_for(n), kThreads, 0, stream>>>(static_cast<const uint4*>(buf), n, passes,
+                                                        static_cast<uint32_t*>(sink));
+  return cuda_result(cudaGetLastError(), "l2_read_kernel");
+}
+
+Result l2_reduce(void* buf, size_t bytes, int passes, cudaStream_t stream) {
+  const int64_t n = int64_t(bytes / sizeof(float4));
+  l2_reduce_kernel<<<grid_for(n), kThreads, 0, stream>>>(static_cast<float4*>(buf), n, passes);
+  return cuda_result(cudaGetLastError(), "l2_reduce_kernel");
 }
 
 cudaDataType_t cuda_data_type(DType dtype) {

@@ -66,6 +66,11 @@ Result fill_normal(void* data, DType dtype, int64_t n, uint64_t seed, cudaStream
 // data[i] *= factor (rounded to dtype).
 Result scale_in_place(void* data, DType dtype, int64_t n, float factor, cudaStream_t stream);
 
+// L2 ceilings: `passes` reads of bytes at buf (sink: 4 bytes, written practically never), and `passes` rounds of
+// fp32 reduce-adds over them; buf 16-byte aligned, bytes a multiple of 16 and well inside L2.
+Result l2_read(const void* buf, size_t bytes, int passes, void* sink, cudaStream_t stream);
+Result l2_reduce(void* buf, size_t bytes, int passes, cudaStream_t stream);
+
 cudaDataType_t cuda_data_type(DType dtype);
 
 }  // namespace qkbench

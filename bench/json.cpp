@@ -63,6 +63,8 @@ void write_ceilings(std::ostream& out, const std::optional<Ceilings>& c, int ind
   Object o(out, indent);
   o.key("copy_GBps") << value(&Ceilings::copy_GBps);
   o.key("write_GBps") << value(&Ceilings::write_GBps);
+  o.key("l2_read_GBps") << value(&Ceilings::l2_read_GBps);
+  o.key("l2_reduce_GBps") << value(&Ceilings::l2_reduce_GBps);
   o.key("bf16_TFLOPs") << value(&Ceilings::bf16_TFLOPs);
   o.key("fp16_TFLOPs") << value(&Ceilings::fp16_TFLOPs);
   o.key("tf32_TFLOPs") << value(&Ceilings::tf32_TFLOPs);

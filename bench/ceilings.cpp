@@ -44,10 +44,10 @@ Result write_GBps(cudaStream_t stream, double* gbps) {
   return {};
 }
 
-// L2: a buffer of a third of L2 read, or reduce-added into, kL2Passes times per call (after one warm-up call
-// has brought it in).
+// L2: a buffer of a quarter of L2 (the H200's two partitions may each hold a copy) read, or reduce-added into,
+// kL2Passes times per call, after the warm-up calls have brought it in.
 constexpr int kL2Passes = 16;
-constexpr int64_t kL2Fraction = 3;
+constexpr int64_t kL2Fraction = 4;
 Result l2_GBps(cudaStream_t stream, int64_t l2_bytes, double* read_gbps, double* reduce_gbps) {
   const size_t bytes = size_t(l2_bytes / kL2Fraction) / sizeof(float4) * sizeof(float4);
   DeviceBuffer buf, sink;

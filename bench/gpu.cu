@@ -41,21 +41,29 @@ __global__ void scale_kernel(T* data, int64_t n, float factor) {
     data[i] = from_float<T>(to_float(data[i]) * factor);
 }
 
-// `passes` reads of buf (16-byte loads that skip L1), folded into one word per thread so that the loads stay;
-// the word is stored only if it takes one value out of 2^32.
+// `passes` reads of buf (16-byte loads that skip L1, kL2Loads independent ones in flight per thread), folded into
+// one word per thread so that the loads stay; the word is stored only if it takes one value out of 2^32.
+constexpr int kL2Loads = 4;
 __global__ void l2_read_kernel(const uint4* buf, int64_t n, int passes, uint32_t* sink) {
   constexpr uint32_t kUnlikely = 0x9E3779B9u;
-  uint32_t fold = 0;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  uint32_t fold[kL2Loads] = {};
   for (int p = 0; p < passes; ++p) {
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-      const uint4 v = __ldcg(buf + i);
-      fold ^= v.x ^ v.y ^ v.z ^ v.w;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += kL2Loads * stride) {
+      uint4 v[kL2Loads];
+#pragma unroll
+      for (int k = 0; k < kL2Loads; ++k) v[k] = i + k * stride < n ? __ldcg(buf + i + k * stride) : uint4{};
+#pragma unroll
+      for (int k = 0; k < kL2Loads; ++k) fold[k] ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
     }
   }
-  if (fold == kUnlikely) *sink = fold;
+  uint32_t all = 0;
+#pragma unroll
+  for (int k = 0; k < kL2Loads; ++k) all ^= fold[k];
+  if (all == kUnlikely) *sink = all;
 }
 
-// `passes` rounds of 16-byte fp32 reduce-adds (red.global.add.v4.f32) over buf.
+// `passes` rounds of per-thread 16-byte fp32 reduce-adds (red.global.add.v4.f32) over buf.
 __global__ void l2_reduce_kernel(float4* buf, int64_t n, int passes) {
   for (int p = 0; p < passes; ++p) {
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
@@ -157,16 +165,31 @@ Result scale_in_place(void* data, DType dtype, int64_t n, float factor, cudaStre
   });
 }
 
+// One wave of the kernel's resident blocks (grid_for's cap would make two uneven waves of these long loops).
+template <class Kernel>
+Result resident_grid(Kernel kernel, int64_t n, int* grid) {
+  int device = 0, sms = 0, per_sm = 0;
+  QKB_CUDA(cudaGetDevice(&device));
+  QKB_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  QKB_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
+  *grid = int(std::max<int64_t>(1, std::min<int64_t>(int64_t(sms) * per_sm, (n + kThreads - 1) / kThreads)));
+  return {};
+}
+
 Result l2_read(const void* buf, size_t bytes, int passes, void* sink, cudaStream_t stream) {
   const int64_t n = int64_t(bytes / sizeof(uint4));
-  l2_read_kernel<<<grid_for(n), kThreads, 0, stream>>>(static_cast<const uint4*>(buf), n, passes,
+  int grid = 0;
+  QKB_TRY(resident_grid(l2_read_kernel, n, &grid));
+  l2_read_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const uint4*>(buf), n, passes,
                                                         static_cast<uint32_t*>(sink));
   return cuda_result(cudaGetLastError(), "l2_read_kernel");
 }
 
 Result l2_reduce(void* buf, size_t bytes, int passes, cudaStream_t stream) {
   const int64_t n = int64_t(bytes / sizeof(float4));
-  l2_reduce_kernel<<<grid_for(n), kThreads, 0, stream>>>(static_cast<float4*>(buf), n, passes);
+  int grid = 0;
+  QKB_TRY(resident_grid(l2_reduce_kernel, n, &grid));
+  l2_reduce_kernel<<<grid, kThreads, 0, stream>>>(static_cast<float4*>(buf), n, passes);
   return cuda_result(cudaGetLastError(), "l2_reduce_kernel");
 }
 

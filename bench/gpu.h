@@ -67,7 +67,7 @@ Result fill_normal(void* data, DType dtype, int64_t n, uint64_t seed, cudaStream
 Result scale_in_place(void* data, DType dtype, int64_t n, float factor, cudaStream_t stream);
 
 // L2 ceilings: `passes` reads of bytes at buf (sink: 4 bytes, written practically never), and `passes` rounds of
-// fp32 reduce-adds over them; buf 16-byte aligned, bytes a multiple of 16 and well inside L2.
+// fp32 reduce-adds over them; buf 16-byte aligned, bytes a multiple of 16 and well inside L2 (a quarter of it).
 Result l2_read(const void* buf, size_t bytes, int passes, void* sink, cudaStream_t stream);
 Result l2_reduce(void* buf, size_t bytes, int passes, cudaStream_t stream);
 

@@ -52,7 +52,8 @@ struct Ceilings {
   double copy_GBps = 0;    // bytes read + written per second of a device-to-device copy, in 1e9
   double write_GBps = 0;   // bytes written per second of a device memset (reported: the forward mostly writes)
   double l2_read_GBps = 0;    // reads of an L2-resident buffer (reported: what the two-pass kernels re-read)
-  double l2_reduce_GBps = 0;  // fp32 reduce-adds into an L2-resident buffer, bytes added (reported: dQ's traffic)
+  double l2_reduce_GBps = 0;  // per-thread fp32 vector reduce-adds into an L2-resident buffer, bytes added (reported;
+                              // the column pass adds dQ by TMA bulk reduce instead)
   double bf16_TFLOPs = 0;  // cuBLAS 8192³ GEMM rates, in 1e12 flop/s
   double fp16_TFLOPs = 0;
   double tf32_TFLOPs = 0;  // fp32 data, TF32 tensor cores allowed: the rate SOL uses for fp32

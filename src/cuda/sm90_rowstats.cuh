@@ -31,8 +31,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   const generic::TileCoord tile = generic::row_tile<Cfg>(prob);
   const int64_t b = tile.b, h = tile.h, m0 = tile.tile;
   const int64_t kv_head = h / prob.group();
-  const int64_t last_row = min(m0 + Cfg::kBlockM, prob.Sq) - 1;
-  const int64_t steps = (prob.col_end(last_row) + kBlockN - 1) / kBlockN;
+  const int64_t steps = generic::col_blocks_for_rows<Cfg>(prob, m0);
   const bool leader = threadIdx.x == 0;
 
   Tensor sQ = make_tensor(make_smem_ptr(st.scores.q.data()), typename Cfg::SmemLayoutQ{});  // (BM, D), recompute

@@ -71,7 +71,7 @@ __global__ void l2_reduce_kernel(float4* buf, int64_t n, int passes) {
   }
 }
 
-int grid_for(int64_t n) {
+int device_sms() {
   static const int sms = [] {
     int device = 0, count = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
@@ -79,8 +79,13 @@ int grid_for(int64_t n) {
       return kDefaultSms;
     return count;
   }();
+  return sms;
+}
+
+// Blocks of kThreads for n elements, at most `per_sm` per SM.
+int grid_for(int64_t n, int per_sm = kBlocksPerSm) {
   const int64_t needed = (n + kThreads - 1) / kThreads;
-  return int(std::max<int64_t>(1, std::min<int64_t>(needed, int64_t(sms) * kBlocksPerSm)));
+  return int(std::max<int64_t>(1, std::min<int64_t>(needed, int64_t(device_sms()) * per_sm)));
 }
 
 }  // namespace
@@ -165,31 +170,29 @@ Result scale_in_place(void* data, DType dtype, int64_t n, float factor, cudaStre
   });
 }
 
-// One wave of the kernel's resident blocks (grid_for's cap would make two uneven waves of these long loops).
+// One wave of the kernel's resident blocks (grid_for's cap would make two uneven waves of these long loops); the
+// occupancy is asked once per kernel, not on every timed call.
 template <class Kernel>
-Result resident_grid(Kernel kernel, int64_t n, int* grid) {
-  int device = 0, sms = 0, per_sm = 0;
-  QKB_CUDA(cudaGetDevice(&device));
-  QKB_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  QKB_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
-  *grid = int(std::max<int64_t>(1, std::min<int64_t>(int64_t(sms) * per_sm, (n + kThreads - 1) / kThreads)));
-  return {};
+int resident_grid(Kernel kernel, int64_t n) {
+  static const int per_sm = [&] {
+    int blocks = 0;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, 0) == cudaSuccess && blocks > 0
+               ? blocks
+               : kBlocksPerSm;
+  }();
+  return grid_for(n, per_sm);
 }
 
 Result l2_read(const void* buf, size_t bytes, int passes, void* sink, cudaStream_t stream) {
   const int64_t n = int64_t(bytes / sizeof(uint4));
-  int grid = 0;
-  QKB_TRY(resident_grid(l2_read_kernel, n, &grid));
-  l2_read_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const uint4*>(buf), n, passes,
-                                                        static_cast<uint32_t*>(sink));
+  l2_read_kernel<<<resident_grid(l2_read_kernel, n), kThreads, 0, stream>>>(
+      static_cast<const uint4*>(buf), n, passes, static_cast<uint32_t*>(sink));
   return cuda_result(cudaGetLastError(), "l2_read_kernel");
 }
 
 Result l2_reduce(void* buf, size_t bytes, int passes, cudaStream_t stream) {
   const int64_t n = int64_t(bytes / sizeof(float4));
-  int grid = 0;
-  QKB_TRY(resident_grid(l2_reduce_kernel, n, &grid));
-  l2_reduce_kernel<<<grid, kThreads, 0, stream>>>(static_cast<float4*>(buf), n, passes);
+  l2_reduce_kernel<<<resident_grid(l2_reduce_kernel, n), kThreads, 0, stream>>>(static_cast<float4*>(buf), n, passes);
   return cuda_result(cudaGetLastError(), "l2_reduce_kernel");
 }
 

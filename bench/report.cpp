@@ -46,9 +46,10 @@ void print_case(const CaseResult& c) {
 }  // namespace
 
 void print_ceilings(const Ceilings& c) {
-  std::printf("ceilings: copy %.0f GB/s (read + written), write %.0f GB/s, L2 read %.0f GB/s, L2 fp32 reduce %.0f GB/s, "
-              "GEMM 8192^3: bf16 %.0f, fp16 %.0f, tf32 %.0f, fp32 %.1f TFLOP/s\n",
-              c.copy_GBps, c.write_GBps, c.l2_read_GBps, c.l2_reduce_GBps, c.bf16_TFLOPs, c.fp16_TFLOPs, c.tf32_TFLOPs, c.fp32_TFLOPs);
+  std::printf("ceilings: copy %.0f GB/s (read + written), write %.0f GB/s, L2 read %.0f GB/s, "
+              "L2 fp32 reduce %.0f GB/s, GEMM 8192^3: bf16 %.0f, fp16 %.0f, tf32 %.0f, fp32 %.1f TFLOP/s\n",
+              c.copy_GBps, c.write_GBps, c.l2_read_GBps, c.l2_reduce_GBps, c.bf16_TFLOPs, c.fp16_TFLOPs,
+              c.tf32_TFLOPs, c.fp32_TFLOPs);
 }
 
 void print_run(const RunResult& run) {

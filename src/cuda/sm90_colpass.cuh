@@ -1,14 +1,16 @@
 // Hopper backward, column pass (FlashAttention-3's backward shape, statistics given): one CTA of two
 // warpgroups owns a 128-column block of a key head; K and the dK accumulator stay on chip while the row blocks
 // of every query head of its group stream through shared memory by TMA. Per 64-row block t:
-//   recompute: S = Q Kᵀ (wgmma, issued a step ahead), P = 2^(S·scale·log2e − LSE·log2e);  saved-P: P tile
+//   recompute: S = Q Kᵀ (wgmma), P = 2^(S·scale·log2e − LSE·log2e);  saved-P: P tile
 //   dS = P ∘ (dP − D) → shared memory (16-bit, stmatrix)
 //   dK += dSᵀ Q (wgmma, registers)
 //   dQ partial = dS K (wgmma) → shared memory (fp32) → one TMA reduce-add into the fp32 accumulator
 // LSE and D come from the row statistics (sm90_rowstats.cuh); convert_dq_kernel scales and converts dQ.
 // The warpgroups split the 128 columns for S and dK and the head dimensions for dQ. Thread 0 issues the TMA
-// loads up to kStages steps ahead and the reduce-adds (two dQ buffers: the add of step t drains while step
-// t + 1 runs). Needs TMA-ready tensors; not deterministic (the adds of different CTAs land in any order).
+// loads and the reduce-adds. The tensor cores work under the element-wise dS: S of step t + 1 is issued
+// before dS of step t is computed, and dK of step t completes during step t + 1 (waited for only before dS
+// of step t + 1 overwrites the dS it reads). Needs TMA-ready tensors; not deterministic (the adds of different
+// CTAs land in any order).
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -20,11 +22,14 @@ namespace qksoftmax::cuda::sm90 {
 
 using namespace cute;
 
+// (Q, dP[, P]) stages: a stage is released one step after its own (dK reads Q until then), so recompute
+// keeps four and saved-P, whose stage is half as large again, three; one dQ buffer (its reduce-add has a
+// whole step to read it).
 template <class Element_, int kHeadDim_, bool kSavedP_>
-struct ColPassConfig : StepTiles<Element_, kHeadDim_, kSavedP_> {
-  using Base = StepTiles<Element_, kHeadDim_, kSavedP_>;
+struct ColPassConfig : StepTiles<Element_, kHeadDim_, kSavedP_, kSavedP_ ? 3 : 4> {
+  using Base = StepTiles<Element_, kHeadDim_, kSavedP_, kSavedP_ ? 3 : 4>;
   using Element = Element_;
-  static constexpr int kDqBuffers = 2;
+  static constexpr int kDqBuffers = 1;
   using typename Base::BM;
   using typename Base::HD;
 
@@ -45,6 +50,7 @@ struct ColPassConfig : StepTiles<Element_, kHeadDim_, kSavedP_> {
     alignas(8) uint64_t k_full;
   };
   static constexpr int kSmemBytes = int(sizeof(Storage));
+  static_assert(kSmemBytes <= 227 * 1024, "the column pass's shared memory exceeds a CTA's 227 KB");
 
   // Element offset of (row, d) in one dQ buffer, the swizzle in element units (SmemLayoutdQ's own swizzle acts
   // on byte addresses: applied to an element index it would move the wrong bits).
@@ -112,7 +118,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   Tensor sP = make_tensor(make_smem_ptr(st.p.data()), typename Cfg::SmemLayoutP{});       // (BM, BN, ST), saved-P
   Tensor sdS = make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdS{});    // (BM, BN)
   Tensor sdSt = make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdSt{});  // (BN, BM)
-  Tensor sdQ = make_tensor(make_smem_ptr(st.dq.data()), typename Cfg::SmemLayoutdQ{});    // (BM, D, 2) fp32
+  Tensor sdQ = make_tensor(make_smem_ptr(st.dq.data()), typename Cfg::SmemLayoutdQ{});    // (BM, D, buffer) fp32
 
   Tensor mdQ = params.tma_dq.get_tma_tensor(make_shape(int32_t(Sq), HD{}, int32_t(prob.Hq), int32_t(prob.B)));
 
@@ -160,67 +166,87 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const auto p_addr = matrix_addresses(thr_s2r.partition_S(sP(_, _, 0)));    // (A, CPY_M, CPY_N), stage 0, saved-P
   const auto ds_addr = matrix_addresses(thr_r2s.partition_D(sdS));           // (A, CPY_M, CPY_N)
 
+  // This thread's rows' LSE and D for the step at `at`, loaded a step before they are used (and only scaled
+  // there: an operation on a loaded value would wait for the load).
+  float lse[kRows], delta[kRows];
+  const auto load_rows = [&](const Cursor& at) {
+    const int64_t m0 = int64_t(at.block) * kBlockM;
+    const float* lse_rows = params.lse.ptr + params.lse.offset(b, at.head, m0);  // row m0 of the step
+    const float* delta_rows = params.delta.ptr + params.delta.offset(b, at.head, m0);
+    CUTE_UNROLL
+    for (int ri = 0; ri < kRows; ++ri) {
+      const int r = get<0>(tScS_rc(ri, 0));
+      const bool in = m0 + r < Sq;
+      lse[ri] = in && !kSavedP ? lse_rows[r * params.lse.sr] : 0.0f;
+      delta[ri] = in ? delta_rows[r * params.delta.sr] : 0.0f;
+    }
+  };
+  if (steps > 0) load_rows(step_at);
+
   if (steps > 0) Barrier::wait(&st.k_full, 0);
-  if constexpr (!kSavedP) {  // S of step 0, waited for here (a product in flight past the loop's entry test
-    if (steps > 0) {         // would make ptxas wait for it there anyway)
+  if constexpr (!kSavedP) {  // S of step 0
+    if (steps > 0) {
       stage_wait(0);
       warpgroup_gemm<true>(mma_s, sQ(_, _, 0), sK, tSrS);
     }
   }
 
+  // The products in flight at the top of step t: dK of step t − 1, and in recompute S of step t + 1 once
+  // issued. wgmma groups complete in order.
   for (int t = 0; t < steps; ++t) {
     const int stage = t % kStages;
     const int64_t h = step_at.head, m0 = int64_t(step_at.block) * kBlockM;
     step_at.advance(first_row_block, row_blocks);
-    // This thread's rows' LSE and D: global loads issued before the waits, which cover their latency.
-    const float* lse_rows = params.lse.ptr + params.lse.offset(b, h, m0);      // row m0 of the step
-    const float* delta_rows = params.delta.ptr + params.delta.offset(b, h, m0);
-    float lse2[kRows], delta[kRows];
-    CUTE_UNROLL
-    for (int ri = 0; ri < kRows; ++ri) {
-      const int r = get<0>(tScS_rc(ri, 0));
-      const bool in = m0 + r < Sq;
-      lse2[ri] = in && !kSavedP ? lse_rows[r * params.lse.sr] * kLog2e : 0.0f;
-      delta[ri] = in ? delta_rows[r * params.delta.sr] : 0.0f;
+    // S of step t + 1 into the second accumulator: it runs while this step's dS is computed. Issued in every
+    // step (straight-line wgmma keeps ptxas from serialising them): the last step's multiplies its own tiles
+    // and is never read.
+    Tensor tSrS_next = make_fragment_like(tSrS);  // (MMA, MMA_M, MMA_N) fp32, recompute
+    if constexpr (!kSavedP) {
+      const int next = t + 1 < steps ? t + 1 : t;
+      if (next != t) stage_wait(next);
+      warpgroup_gemm<true, false>(mma_s, sQ(_, _, next % kStages), sK, tSrS_next);
+    } else {
+      stage_wait(t);
     }
-    if constexpr (kSavedP) stage_wait(t);  // (recompute: waited before S of step t was issued)
+    float lse2_t[kRows], delta_t[kRows];  // log2-domain LSE and D of this step's rows
+    CUTE_UNROLL
+    for (int ri = 0; ri < kRows; ++ri) lse2_t[ri] = lse[ri] * kLog2e, delta_t[ri] = delta[ri];
+
     Tensor tSrdP = make_fragment_like<Element>(tSrS);  // (MMA, MMA_M, MMA_N)
     const uint32_t stage_offset = uint32_t(stage) * Cfg::kPBytes;  // stages are whole swizzle periods apart
     load_matrices(dp_addr, stage_offset, thr_s2r.retile_D(tSrdP));
     Tensor tSrP = make_fragment_like<Element>(tSrS);   // (MMA, MMA_M, MMA_N), saved-P
     if constexpr (kSavedP) load_matrices(p_addr, stage_offset, thr_s2r.retile_D(tSrP));
-    if constexpr (!kSavedP) {
-      warpgroup_wait<0>();  // S of step t
-      warpgroup_fence_operand(tSrS);
-    }
 
     Tensor tSrS_rc = make_tensor(tSrS.data(), rowcol(tSrS.layout()));     // (rows, cols)
     Tensor tSrdP_rc = make_tensor(tSrdP.data(), rowcol(tSrdP.layout()));  // (rows, cols)
     Tensor tSrP_rc = make_tensor(tSrP.data(), rowcol(tSrP.layout()));     // (rows, cols), saved-P
     Tensor tSrdS = make_fragment_like<Element>(tSrS);                      // (MMA, MMA_M, MMA_N)
     Tensor tSrdS_rc = make_tensor(tSrdS.data(), rowcol(tSrdS.layout()));  // (rows, cols)
-    softmax_backward<Cfg>(tSrdS_rc, tSrS_rc, tSrP_rc, tSrdP_rc, tScS_rc, lse2, delta, scale_log2, keys, m0, n0);
+    softmax_backward<Cfg>(tSrdS_rc, tSrS_rc, tSrP_rc, tSrdP_rc, tScS_rc, lse2_t, delta_t, scale_log2, keys, m0, n0);
+    // dK of step t − 1 read this warpgroup's columns of sdS; the other warpgroup's dQ of step t − 1, which read
+    // them too, completed before the end of that step.
+    warpgroup_wait<kSavedP ? 0 : 1>();
     store_matrices(ds_addr, 0, thr_r2s.retile_S(tSrdS));
-    // The dQ buffer of this step was last read by the reduce-add of step t − 2: at most one may be pending.
+    // The dQ buffer was last read by the reduce-add of step t − 1.
     if (leader) tma_store_wait<Cfg::kDqBuffers - 1>();
     cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
     __syncthreads();
+    // Both warpgroups' dK of step t − 1 are done: its stage takes the step kStages after it.
+    if (leader && t >= 1 && t - 1 + kStages < steps) load_step(t - 1 + kStages);
+    // Step t + 1's rows, loaded under this step's products (the fence after the dQ store waits for them).
+    if (t + 1 < steps) load_rows(step_at);
 
     Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<BM, HD>{});  // (MMA, MMA_M, MMA_D) fp32
     warpgroup_gemm<true, false>(mma_dq, sdS, sKt, tdQrdQ);
     warpgroup_gemm<false, false>(mma_dk, sdSt, sQt(_, _, stage), tdKrdK);
-    // S of step t + 1 (its stage was loaded steps ago): it runs under this step's dQ store. Issued in every
-    // step (straight-line wgmma keeps ptxas from serialising them): the last step's multiplies its own tiles
-    // and is never read.
-    if constexpr (!kSavedP) {
-      const int next = t + 1 < steps ? t + 1 : t;
-      if (next != t) stage_wait(next);
-      warpgroup_gemm<true, false>(mma_s, sQ(_, _, next % kStages), sK, tSrS);
-    }
-    // In flight, in order: dQ, dK (and S of step t + 1). The dQ store waits for dQ only; dK runs under it.
-    constexpr int kAfterDk = kSavedP ? 0 : 1;  // products still in flight once dK is done
-    warpgroup_wait<kAfterDk + 1>();
+    warpgroup_wait<1>();  // all but dK of step t: dQ (and S of step t + 1)
     warpgroup_fence_operand(tdQrdQ);
+    if constexpr (!kSavedP) {
+      warpgroup_fence_operand(tSrS_next);
+      CUTE_UNROLL
+      for (int i = 0; i < size(tSrS); ++i) tSrS(i) = tSrS_next(i);
+    }
     // Pairs of adjacent columns as 8-byte shared-memory stores (the swizzle moves 16-byte chunks, so a pair
     // stays together), addressed by 32-bit offsets from the (row, d) of each pair.
     const uint32_t dq_buffer = dq_base + uint32_t(t % Cfg::kDqBuffers) * uint32_t(sizeof(float)) *
@@ -231,19 +257,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       store_shared_f2(dq_buffer + uint32_t(offset) * uint32_t(sizeof(float)), tdQrdQ(i), tdQrdQ(i + 1));
     }
     cutlass::arch::fence_view_async_shared();  // dQ written by threads, read by TMA
-    warpgroup_wait<kAfterDk>();  // dK of step t
-    warpgroup_fence_operand(tdKrdK);
-    __syncthreads();  // also: the stage and sdS are free (both warpgroups' products of step t are done)
+    __syncthreads();  // also: both warpgroups' dQ of step t, which read all of sdS, are done
     if (leader) {
       Tensor gdQ = local_tile(mdQ(_, _, h, b), Shape<BM, HD>{}, make_coord(m0 / kBlockM, 0));  // (BM, D)
       auto [tRgdQ, tRsdQ] = tma_partition(params.tma_dq, Int<0>{}, Layout<_1>{},
                                           group_modes<0, 2>(sdQ(_, _, t % Cfg::kDqBuffers)), group_modes<0, 2>(gdQ));
       copy(params.tma_dq, tRsdQ, tRgdQ);
       tma_store_arrive();
-      if (t + kStages < steps) load_step(t + kStages);
     }
   }
-  if constexpr (!kSavedP) warpgroup_wait<0>();  // the last step's unread S
+  warpgroup_wait<0>();  // the last step's dK (and its unread S)
+  warpgroup_fence_operand(tdKrdK);
   if (leader) tma_store_wait<0>();  // the reduce-adds read shared memory until they complete
 
   store_dk<Cfg>(mma_dk, tdKrdK, prob, b, kv_head, n0);

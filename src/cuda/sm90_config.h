@@ -110,7 +110,8 @@ __device__ inline void store_scaled(Element* out, float4 v, float scale, bool ve
 // The backward's step on two warpgroups, shared by the fused kernel and the column pass: a 64-row block of Q
 // (and of dP, P) against a CTA's 128 key columns. The warpgroups split the columns for S and dK and the head
 // dimensions for dQ; transposed views of the same swizzled buffers give the MN-major wgmma operands.
-template <class Element_, int kHeadDim_, bool kSavedP_>
+// kStages (Q, dP[, P]) tiles are staged by TMA; each kernel picks how many its shared memory holds.
+template <class Element_, int kHeadDim_, bool kSavedP_, int kStages_>
 struct StepTiles {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -119,7 +120,7 @@ struct StepTiles {
   static constexpr int kBlockN = 128;  // key columns per CTA, 64 per warpgroup
   static constexpr int kWarpgroups = 2;
   static constexpr int kThreads = 128 * kWarpgroups;
-  static constexpr int kStages = kSavedP ? 2 : 3;  // TMA stages of (Q, dP[, P]) tiles: P doubles a stage
+  static constexpr int kStages = kStages_;
 
   using BM = Int<kBlockM>;
   using BN = Int<kBlockN>;

@@ -32,9 +32,10 @@ namespace qksoftmax::cuda::sm90 {
 
 using namespace cute;
 
+// (Q, dP[, P]) stages: P doubles a stage, and the statistics and dQ slots take the rest of shared memory.
 template <class Element_, int kHeadDim_, bool kSavedP_>
-struct FusedConfig : StepTiles<Element_, kHeadDim_, kSavedP_> {
-  using Base = StepTiles<Element_, kHeadDim_, kSavedP_>;
+struct FusedConfig : StepTiles<Element_, kHeadDim_, kSavedP_, kSavedP_ ? 2 : 3> {
+  using Base = StepTiles<Element_, kHeadDim_, kSavedP_, kSavedP_ ? 2 : 3>;
   using Element = Element_;
   static constexpr DType kDType = ElementTraits<Element>::kDType;
   static constexpr int kMinCluster = 2;     // a one-column-block row still runs as a pair (the dQ slots fit)

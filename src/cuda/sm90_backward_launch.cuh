@@ -89,20 +89,20 @@ Status run_sm90_backward(const Problem& prob, void* workspace, CUstream_st* stre
       make_tma_copy(SM90_TMA_LOAD{}, p, typename Cfg::SmemLayoutP{}(_, _, 0)),
       rows.lse,
       rows.delta,
-      rows.lse_given};
+      rows.lse_given,
+      dq_accum};
 
   const int64_t row_tiles = (prob.Sq + Cfg::kBlockM - 1) / Cfg::kBlockM * prob.B * prob.Hq;
   if (Status s = launch<Cfg>(sm90::rowstats_kernel<Cfg>, "sm90 row statistics", row_tiles, params, stream); !s.ok()) {
     return s;
   }
-  if (cudaMemsetAsync(dq_accum, 0, dq_accum_bytes(prob), stream) != cudaSuccess) return launch_status("dq clear");
+  // The column pass adds into the accumulator the row statistics cleared; the conversion scales it.
   const Status s = prob.mode == BackwardMode::kSavedP
                        ? run_sm90_colpass<sm90::ColPassConfig<Element, Cfg::kHeadDim, true>>(prob, rows, dq_accum, stream)
                        : run_sm90_colpass<sm90::ColPassConfig<Element, Cfg::kHeadDim, false>>(prob, rows, dq_accum, stream);
   if (!s.ok()) return s;
-  constexpr int kRowsPerBlock = kConvertThreads / (Cfg::kHeadDim / 4);
-  const int64_t dq_rows = prob.B * prob.Hq * prob.Sq;
-  const int64_t blocks = std::min<int64_t>((dq_rows + kRowsPerBlock - 1) / kRowsPerBlock, kConvertBlocksMax);
+  const int64_t items = prob.B * prob.Hq * ((prob.Sq + sm90::kConvertItemRows - 1) / sm90::kConvertItemRows);
+  const int64_t blocks = std::min<int64_t>(items, kConvertBlocksMax);
   sm90::convert_dq_kernel<Element, Cfg::kHeadDim><<<unsigned(blocks), kConvertThreads, 0, stream>>>(prob, dq_accum);
   return launch_status("convert dq");
 }

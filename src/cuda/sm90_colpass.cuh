@@ -273,25 +273,42 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   store_dk<Cfg>(mma_dk, tdKrdK, prob, b, kv_head, n0);
 }
 
-// dq = scale · dq_accum, converted: one warp per row of the accumulator, four head dimensions per lane.
+// dq = scale · dq_accum, converted. A CTA takes items of kConvertItemRows rows of one (b, h), grid-strided;
+// kHeadDim / 4 consecutive threads share a row (four head dimensions each), and each thread has kBatch rows'
+// loads in flight before it stores.
+inline constexpr int64_t kConvertItemRows = 256;
 template <class Element, int kHeadDim>
 __global__ void convert_dq_kernel(const Problem prob, const float* dq_accum) {
-  constexpr int kLanes = kHeadDim / 4;
+  constexpr int kLanes = kHeadDim / 4, kBatch = 8;
   static_assert(kLanes <= 32 && 32 % kLanes == 0, "a row is at most one warp of float4s");
-  const int64_t rows = prob.B * prob.Hq * prob.Sq;
-  const int64_t per_block = blockDim.x / kLanes;
   const bool vector = prob.dq.sc == 1 && aligned_rows<Element>(prob.dq, 4);
-  Element* dq = static_cast<Element*>(prob.dq.ptr);
-  for (int64_t row = blockIdx.x * per_block + threadIdx.x / kLanes; row < rows; row += int64_t(gridDim.x) * per_block) {
-    const int64_t r = row % prob.Sq, h = (row / prob.Sq) % prob.Hq, b = row / (prob.Sq * prob.Hq);
-    const int d = 4 * int(threadIdx.x % kLanes);
-    const float4 v = reinterpret_cast<const float4*>(dq_accum + row * kHeadDim)[d / 4];
-    Element* out = dq + prob.dq.offset(b, h, r, 0) + d * prob.dq.sc;
-    if (vector) {
-      store_scaled(out, v, prob.scale, true);
-    } else {
-      const float x[4] = {v.x, v.y, v.z, v.w};
-      for (int i = 0; i < 4; ++i) out[i * prob.dq.sc] = Element(x[i] * prob.scale);
+  const int d = 4 * int(threadIdx.x % kLanes);
+  const int64_t stride = blockDim.x / kLanes;  // rows per pass of the CTA
+  const int64_t chunks = (prob.Sq + kConvertItemRows - 1) / kConvertItemRows;
+  for (int64_t item = blockIdx.x; item < prob.B * prob.Hq * chunks; item += gridDim.x) {
+    const int64_t b = item / chunks / prob.Hq, h = item / chunks % prob.Hq, r_begin = item % chunks * kConvertItemRows;
+    const int64_t r_end = min(r_begin + kConvertItemRows, prob.Sq);
+    const float4* accum = reinterpret_cast<const float4*>(dq_accum + (b * prob.Hq + h) * prob.Sq * kHeadDim);
+    Element* dq = static_cast<Element*>(prob.dq.ptr) + prob.dq.offset(b, h, 0, 0);
+    for (int64_t r0 = r_begin + threadIdx.x / kLanes; r0 < r_end; r0 += kBatch * stride) {
+      float4 v[kBatch];  // all loaded first: for the compiler the stores below could alias them
+      CUTE_UNROLL
+      for (int k = 0; k < kBatch; ++k) {
+        const int64_t r = r0 + k * stride;
+        v[k] = r < r_end ? __ldcg(accum + r * kLanes + d / 4) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+      CUTE_UNROLL
+      for (int k = 0; k < kBatch; ++k) {
+        const int64_t r = r0 + k * stride;
+        if (r >= r_end) break;
+        Element* out = dq + r * prob.dq.sr + d * prob.dq.sc;
+        if (vector) {
+          store_scaled(out, v[k], prob.scale, true);
+        } else {
+          const float x[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+          for (int i = 0; i < 4; ++i) out[i * prob.dq.sc] = Element(x[i] * prob.scale);
+        }
+      }
     }
   }
 }

@@ -242,6 +242,7 @@ struct Config {
     generic::RowVec lse;    // written by the row statistics unless lse_given; read by the column pass
     generic::RowVec delta;  // D, written by the row statistics
     bool lse_given;
+    float* dq_accum;  // the column pass's fp32 dQ accumulator (B, Hq, Sq, D): cleared here
   };
 };
 

@@ -23,8 +23,9 @@ namespace qksoftmax::cuda::sm90 {
 using namespace cute;
 
 // (Q, dP[, P]) stages: a stage is released one step after its own (dK reads Q until then), so recompute
-// keeps four and saved-P, whose stage is half as large again, three; one dQ buffer (its reduce-add has a
-// whole step to read it).
+// keeps four and saved-P, whose stage is half as large again, three. One dQ buffer: the reduce-add issued at
+// the end of step t − 1 must have read it by the first barrier of step t (S issued, dS computed), where the
+// leader waits for it.
 template <class Element_, int kHeadDim_, bool kSavedP_>
 struct ColPassConfig : StepTiles<Element_, kHeadDim_, kSavedP_, kSavedP_ ? 3 : 4> {
   using Base = StepTiles<Element_, kHeadDim_, kSavedP_, kSavedP_ ? 3 : 4>;
@@ -138,7 +139,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   };
   const auto stage_wait = [&](int t) { Barrier::wait(&st.stage_full[t % kStages], uint32_t((t / kStages) & 1)); };
 
-  if (leader) {
+  if (leader && steps > 0) {  // (a CTA without steps must not exit with a load writing its shared memory)
     load_k_tile<Cfg>(params.tma, prob, st, st.k_full, b, kv_head, nb);
     for (int t = 0; t < min(steps, kStages); ++t) load_step(t);
   }
@@ -234,7 +235,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     __syncthreads();
     // Both warpgroups' dK of step t − 1 are done: its stage takes the step kStages after it.
     if (leader && t >= 1 && t - 1 + kStages < steps) load_step(t - 1 + kStages);
-    // Step t + 1's rows, loaded under this step's products (the fence after the dQ store waits for them).
+    // Step t + 1's rows, loaded under this step's products; first used by step t + 1's dS.
     if (t + 1 < steps) load_rows(step_at);
 
     Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<BM, HD>{});  // (MMA, MMA_M, MMA_D) fp32
@@ -281,7 +282,7 @@ template <class Element, int kHeadDim>
 __global__ void convert_dq_kernel(const Problem prob, const float* dq_accum) {
   constexpr int kLanes = kHeadDim / 4, kBatch = 8;
   static_assert(kLanes <= 32 && 32 % kLanes == 0, "a row is at most one warp of float4s");
-  const bool vector = prob.dq.sc == 1 && aligned_rows<Element>(prob.dq, 4);
+  const bool vector = aligned_rows<Element>(prob.dq, 4);  // (on the GPU rows have stride 1: validate.cpp)
   const int d = 4 * int(threadIdx.x % kLanes);
   const int64_t stride = blockDim.x / kLanes;  // rows per pass of the CTA
   const int64_t chunks = (prob.Sq + kConvertItemRows - 1) / kConvertItemRows;
@@ -301,13 +302,7 @@ __global__ void convert_dq_kernel(const Problem prob, const float* dq_accum) {
       for (int k = 0; k < kBatch; ++k) {
         const int64_t r = r0 + k * stride;
         if (r >= r_end) break;
-        Element* out = dq + r * prob.dq.sr + d * prob.dq.sc;
-        if (vector) {
-          store_scaled(out, v[k], prob.scale, true);
-        } else {
-          const float x[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
-          for (int i = 0; i < 4; ++i) out[i * prob.dq.sc] = Element(x[i] * prob.scale);
-        }
+        store_scaled(dq + r * prob.dq.sr + d, v[k], prob.scale, vector);
       }
     }
   }

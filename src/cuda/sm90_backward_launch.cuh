@@ -63,7 +63,7 @@ Status run_sm90_colpass(const Problem& prob, const generic::Params& rows, float*
                                  make_stride(kHeadDim, _1{}, prob.Sq * kHeadDim, prob.Hq * prob.Sq * kHeadDim));
   const typename ColCfg::Params params{
       prob, sm90::step_loads<ColCfg>(prob),
-      make_tma_copy(SM90_TMA_REDUCE_ADD{}, accum, typename ColCfg::SmemLayoutdQ{}(_, _, 0)), rows.lse, rows.delta};
+      make_tma_copy(SM90_TMA_REDUCE_ADD{}, accum, typename ColCfg::SmemLayoutdQ{}), rows.lse, rows.delta};
   const int64_t steps = (prob.Sq + ColCfg::kBlockM - 1) / ColCfg::kBlockM * prob.group();
   if (steps > INT_MAX) return {Code::kUnsupported, std::string(kName) + ": more than 2^31 - 1 row blocks per head"};
   const int64_t col_tiles = (prob.Sk + ColCfg::kBlockN - 1) / ColCfg::kBlockN * prob.B * prob.Hk;

@@ -23,27 +23,25 @@ namespace qksoftmax::cuda::sm90 {
 using namespace cute;
 
 // (Q, dP[, P]) stages: a stage is released one step after its own (dK reads Q until then), so recompute
-// keeps four and saved-P, whose stage is half as large again, three. One dQ buffer: the reduce-add issued at
-// the end of step t − 1 must have read it by the first barrier of step t (S issued, dS computed), where the
-// leader waits for it.
+// keeps four and saved-P, whose stage is half as large again, three. One dQ staging buffer: the reduce-add
+// issued at the end of step t − 1 must have read it by the first barrier of step t (S issued, dS computed),
+// where the leader waits for it.
 template <class Element_, int kHeadDim_, bool kSavedP_>
 struct ColPassConfig : StepTiles<Element_, kHeadDim_, kSavedP_, kSavedP_ ? 3 : 4> {
   using Base = StepTiles<Element_, kHeadDim_, kSavedP_, kSavedP_ ? 3 : 4>;
   using Element = Element_;
-  static constexpr int kDqBuffers = 1;
   using typename Base::BM;
   using typename Base::HD;
 
   // fp32 dQ partials, 128-byte swizzled (rows 8 apart in different banks) as TMA reads them.
-  using SmemLayoutdQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{},
-                                              Shape<BM, HD, Int<kDqBuffers>>{}));  // (rows, d, buffer)
+  using SmemLayoutdQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{}, Shape<BM, HD>{}));  // (rows, d)
 
   // The fp32 accumulator (rows, d, head, batch), contiguous, reduce-added to.
   using TmadQ = decltype(make_tma_copy(
       SM90_TMA_REDUCE_ADD{},
       make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)), Shape<int32_t, HD, int32_t, int32_t>{},
                   Stride<int64_t, _1, int64_t, int64_t>{}),
-      decltype(SmemLayoutdQ{}(_, _, 0)){}));
+      SmemLayoutdQ{}));
 
   struct Storage : Base::Tiles {
     alignas(1024) cute::array<float, cosize_v<SmemLayoutdQ>> dq;
@@ -53,10 +51,10 @@ struct ColPassConfig : StepTiles<Element_, kHeadDim_, kSavedP_, kSavedP_ ? 3 : 4
   static constexpr int kSmemBytes = int(sizeof(Storage));
   static_assert(kSmemBytes <= 227 * 1024, "the column pass's shared memory exceeds a CTA's 227 KB");
 
-  // Element offset of (row, d) in one dQ buffer, the swizzle in element units (SmemLayoutdQ's own swizzle acts
+  // Element offset of (row, d) in the dQ buffer, the swizzle in element units (SmemLayoutdQ's own swizzle acts
   // on byte addresses: applied to an element index it would move the wrong bits).
   CUTE_HOST_DEVICE static int dq_offset(int row, int d) {
-    return as_position_independent_swizzle_layout(SmemLayoutdQ{})(row, d, 0);
+    return as_position_independent_swizzle_layout(SmemLayoutdQ{})(row, d);
   }
 
   struct Params {
@@ -119,7 +117,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   Tensor sP = make_tensor(make_smem_ptr(st.p.data()), typename Cfg::SmemLayoutP{});       // (BM, BN, ST), saved-P
   Tensor sdS = make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdS{});    // (BM, BN)
   Tensor sdSt = make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdSt{});  // (BN, BM)
-  Tensor sdQ = make_tensor(make_smem_ptr(st.dq.data()), typename Cfg::SmemLayoutdQ{});    // (BM, D, buffer) fp32
+  Tensor sdQ = make_tensor(make_smem_ptr(st.dq.data()), typename Cfg::SmemLayoutdQ{});    // (BM, D) fp32
 
   Tensor mdQ = params.tma_dq.get_tma_tensor(make_shape(int32_t(Sq), HD{}, int32_t(prob.Hq), int32_t(prob.B)));
 
@@ -182,11 +180,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       delta[ri] = in ? delta_rows[r * params.delta.sr] : 0.0f;
     }
   };
-  if (steps > 0) load_rows(step_at);
-
-  if (steps > 0) Barrier::wait(&st.k_full, 0);
-  if constexpr (!kSavedP) {  // S of step 0
-    if (steps > 0) {
+  if (steps > 0) {
+    load_rows(step_at);
+    Barrier::wait(&st.k_full, 0);
+    if constexpr (!kSavedP) {  // S of step 0
       stage_wait(0);
       warpgroup_gemm<true>(mma_s, sQ(_, _, 0), sK, tSrS);
     }
@@ -230,7 +227,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     warpgroup_wait<kSavedP ? 0 : 1>();
     store_matrices(ds_addr, 0, thr_r2s.retile_S(tSrdS));
     // The dQ buffer was last read by the reduce-add of step t − 1.
-    if (leader) tma_store_wait<Cfg::kDqBuffers - 1>();
+    if (leader) tma_store_wait<0>();
     cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
     __syncthreads();
     // Both warpgroups' dK of step t − 1 are done: its stage takes the step kStages after it.
@@ -250,19 +247,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     // Pairs of adjacent columns as 8-byte shared-memory stores (the swizzle moves 16-byte chunks, so a pair
     // stays together), addressed by 32-bit offsets from the (row, d) of each pair.
-    const uint32_t dq_buffer = dq_base + uint32_t(t % Cfg::kDqBuffers) * uint32_t(sizeof(float)) *
-                                             uint32_t(cosize_v<typename Cfg::SmemLayoutdQ> / Cfg::kDqBuffers);
     CUTE_UNROLL
     for (int i = 0; i < size(tdQrdQ); i += 2) {
       const int offset = Cfg::dq_offset(get<0>(tdQcdQ(i)), get<1>(tdQcdQ(i)));
-      store_shared_f2(dq_buffer + uint32_t(offset) * uint32_t(sizeof(float)), tdQrdQ(i), tdQrdQ(i + 1));
+      store_shared_f2(dq_base + uint32_t(offset) * uint32_t(sizeof(float)), tdQrdQ(i), tdQrdQ(i + 1));
     }
     cutlass::arch::fence_view_async_shared();  // dQ written by threads, read by TMA
     __syncthreads();  // also: both warpgroups' dQ of step t, which read all of sdS, are done
     if (leader) {
       Tensor gdQ = local_tile(mdQ(_, _, h, b), Shape<BM, HD>{}, make_coord(m0 / kBlockM, 0));  // (BM, D)
       auto [tRgdQ, tRsdQ] = tma_partition(params.tma_dq, Int<0>{}, Layout<_1>{},
-                                          group_modes<0, 2>(sdQ(_, _, t % Cfg::kDqBuffers)), group_modes<0, 2>(gdQ));
+                                          group_modes<0, 2>(sdQ), group_modes<0, 2>(gdQ));
       copy(params.tma_dq, tRsdQ, tRgdQ);
       tma_store_arrive();
     }
@@ -287,9 +282,9 @@ __global__ void convert_dq_kernel(const Problem prob, const float* dq_accum) {
   const int64_t stride = blockDim.x / kLanes;  // rows per pass of the CTA
   const int64_t chunks = (prob.Sq + kConvertItemRows - 1) / kConvertItemRows;
   for (int64_t item = blockIdx.x; item < prob.B * prob.Hq * chunks; item += gridDim.x) {
-    const int64_t b = item / chunks / prob.Hq, h = item / chunks % prob.Hq, r_begin = item % chunks * kConvertItemRows;
-    const int64_t r_end = min(r_begin + kConvertItemRows, prob.Sq);
-    const float4* accum = reinterpret_cast<const float4*>(dq_accum + (b * prob.Hq + h) * prob.Sq * kHeadDim);
+    const int64_t head = item / chunks, b = head / prob.Hq, h = head % prob.Hq;
+    const int64_t r_begin = item % chunks * kConvertItemRows, r_end = min(r_begin + kConvertItemRows, prob.Sq);
+    const float4* accum = reinterpret_cast<const float4*>(dq_accum + dq_accum_offset(prob, b, h, 0));
     Element* dq = static_cast<Element*>(prob.dq.ptr) + prob.dq.offset(b, h, 0, 0);
     for (int64_t r0 = r_begin + threadIdx.x / kLanes; r0 < r_end; r0 += kBatch * stride) {
       float4 v[kBatch];  // all loaded first: for the compiler the stores below could alias them

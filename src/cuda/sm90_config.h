@@ -79,6 +79,10 @@ __device__ inline void with_mask(bool masked, F&& f) {
   }
 }
 
+// Element offset of row r of (b, h) in the backward's fp32 dQ accumulator, (B, Hq, Sq, D), contiguous.
+CUTE_HOST_DEVICE int64_t dq_accum_offset(const Problem& prob, int64_t b, int64_t h, int64_t r) {
+  return ((b * prob.Hq + h) * prob.Sq + r) * prob.D;
+}
 // Whether every row start of an operand of Element (pointer and strides) is aligned to `elements` elements.
 template <class Element>
 __device__ inline bool aligned_rows(const Operand& op, int64_t elements) {

@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
 
   // The accumulator's rows of this block, cleared after the loop (no fence of the loop waits for the stores).
   const int64_t rows = min(int64_t(Cfg::kBlockM), prob.Sq - m0);
-  float4* accum = reinterpret_cast<float4*>(params.dq_accum + ((b * prob.Hq + h) * prob.Sq + m0) * Cfg::kHeadDim);
+  float4* accum = reinterpret_cast<float4*>(params.dq_accum + dq_accum_offset(prob, b, h, m0));
   for (int64_t i = threadIdx.x; i < rows * Cfg::kHeadDim / 4; i += Cfg::kThreads) accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
 
   if (threadIdx.x % kQuad != 0) return;

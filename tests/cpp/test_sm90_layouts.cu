@@ -21,22 +21,19 @@ template <class Cfg>
 void check_dq_offsets() {
   using L = typename Cfg::SmemLayoutdQ;
   static float buf[cosize_v<L>] __attribute__((aligned(1024)));
-  Tensor sdQ = make_tensor(make_smem_ptr(buf), L{});  // (BM, D, buffer)
+  Tensor sdQ = make_tensor(make_smem_ptr(buf), L{});  // (BM, D)
   typename Cfg::MmadQ mma_dq;
   int wrong = 0, unpaired = 0;
   for (int tid = 0; tid < Cfg::kThreads; ++tid) {
     auto thr = mma_dq.get_thread_slice(tid);
     Tensor tdQcdQ = thr.partition_C(make_identity_tensor(Shape<typename Cfg::BM, typename Cfg::HD>{}));
-    for (int buffer = 0; buffer < Cfg::kDqBuffers; ++buffer) {
-      Tensor tdQsdQ = thr.partition_C(sdQ(_, _, buffer));
-      const float* base = buf + buffer * (cosize_v<L> / Cfg::kDqBuffers);
-      for (int i = 0; i < size(tdQcdQ); i += 2) {
-        const int r = get<0>(tdQcdQ(i)), d = get<1>(tdQcdQ(i));
-        const float* at = base + Cfg::dq_offset(r, d);
-        wrong += at != &tdQsdQ(i);
-        unpaired += &tdQsdQ(i + 1) != at + 1 || (reinterpret_cast<uintptr_t>(at) % 8) != 0 ||
-                    get<0>(tdQcdQ(i + 1)) != r || get<1>(tdQcdQ(i + 1)) != d + 1;
-      }
+    Tensor tdQsdQ = thr.partition_C(sdQ);
+    for (int i = 0; i < size(tdQcdQ); i += 2) {
+      const int r = get<0>(tdQcdQ(i)), d = get<1>(tdQcdQ(i));
+      const float* at = buf + Cfg::dq_offset(r, d);
+      wrong += at != &tdQsdQ(i);
+      unpaired += &tdQsdQ(i + 1) != at + 1 || (reinterpret_cast<uintptr_t>(at) % 8) != 0 ||
+                  get<0>(tdQcdQ(i + 1)) != r || get<1>(tdQcdQ(i + 1)) != d + 1;
     }
   }
   EXPECT_EQ(wrong, 0) << "dQ pair offsets that differ from CuTe's partition";

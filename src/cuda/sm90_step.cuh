@@ -73,21 +73,28 @@ __device__ void softmax_backward(DS& tSrdS_rc, const S& tSrS_rc, const P& tSrP_r
   });
 }
 
-// dK = scale · Σ dSᵀ Q of key columns [n0, n0 + kBlockN) of (b, kv_head), from the accumulator of mma_dk.
+// dK = scale · Σ dSᵀ Q of key columns [n0, n0 + kBlockN) of (b, kv_head), from the accumulator of mma_dk:
+// one row pointer per accumulator row of this thread (two), then 32-bit column offsets (on the GPU the last
+// dimension has stride 1: validate.cpp).
 template <class Cfg, class Acc>
 __device__ void store_dk(const typename Cfg::MmadK& mma_dk, const Acc& tdKrdK, const Problem& prob, int64_t b,
                          int64_t kv_head, int64_t n0) {
   using Element = typename Cfg::Element;
   const Operand dk_op = prob.dk;
-  const bool vector = dk_op.sc == 1 && aligned_rows<Element>(dk_op, 2);
+  const bool vector = aligned_rows<Element>(dk_op, 2);
   Tensor tdKcdK = mma_dk.get_thread_slice(threadIdx.x).partition_C(
-      make_identity_tensor(Shape<typename Cfg::BN, typename Cfg::HD>{}));  // (c, d) per element
-  Element* dk = static_cast<Element*>(dk_op.ptr);
+      make_identity_tensor(Shape<typename Cfg::BN, typename Cfg::HD>{}));  // (MMA, MMA_N, MMA_D) → (c, d)
+  Tensor tdKcdK_rc = make_tensor(tdKcdK.data(), rowcol(tdKcdK.layout()));  // (rows, cols) → (c, d)
+  Tensor tdKrdK_rc = make_tensor(tdKrdK.data(), rowcol(tdKrdK.layout()));  // (rows, cols)
+  Element* dk = static_cast<Element*>(dk_op.ptr) + dk_op.offset(b, kv_head, n0, 0);  // key column n0
   CUTE_UNROLL
-  for (int i = 0; i < size(tdKrdK); i += 2) {  // a wgmma accumulator holds pairs of adjacent columns
-    const int64_t col = n0 + get<0>(tdKcdK(i));
-    if (col < prob.Sk) {
-      store_scaled(dk + dk_op.offset(b, kv_head, col, get<1>(tdKcdK(i))), tdKrdK(i), tdKrdK(i + 1), prob.scale, vector);
+  for (int ri = 0; ri < size<0>(tdKrdK_rc); ++ri) {
+    const int c = get<0>(tdKcdK_rc(ri, 0));
+    if (n0 + c >= prob.Sk) continue;
+    Element* row = dk + c * dk_op.sr;
+    CUTE_UNROLL
+    for (int ci = 0; ci < size<1>(tdKrdK_rc); ci += 2) {  // an accumulator holds pairs of adjacent columns
+      store_scaled(row + get<1>(tdKcdK_rc(ri, ci)), tdKrdK_rc(ri, ci), tdKrdK_rc(ri, ci + 1), prob.scale, vector);
     }
   }
 }

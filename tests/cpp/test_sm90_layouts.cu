@@ -4,7 +4,9 @@
 #include <cute/tensor.hpp>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "cuda/sm90_colpass.cuh"
 #include "cuda/sm90_config.h"
@@ -44,6 +46,36 @@ TEST(Sm90Layouts, ColumnPassDqOffsets) {
   check_dq_offsets<ColPassConfig<cutlass::bfloat16_t, 128, false>>();
   check_dq_offsets<ColPassConfig<cutlass::bfloat16_t, 128, true>>();
   check_dq_offsets<ColPassConfig<cutlass::half_t, 128, true>>();
+}
+
+// store_dk walks the dK accumulator as (rows, cols) with one row pointer per row: each row must be one key
+// column, each (ci, ci + 1) two adjacent head dimensions, and the threads together must cover the tile once.
+template <class Cfg>
+void check_dk_rows() {
+  typename Cfg::MmadK mma_dk;
+  std::vector<int> seen(Cfg::kBlockN * Cfg::kHeadDim, 0);
+  int mixed = 0, unpaired = 0;
+  for (int tid = 0; tid < Cfg::kThreads; ++tid) {
+    Tensor tdKcdK = mma_dk.get_thread_slice(tid).partition_C(
+        make_identity_tensor(Shape<typename Cfg::BN, typename Cfg::HD>{}));  // (MMA, MMA_N, MMA_D) → (c, d)
+    Tensor rc = make_tensor(tdKcdK.data(), rowcol(tdKcdK.layout()));        // (rows, cols) → (c, d)
+    for (int ri = 0; ri < size<0>(rc); ++ri) {
+      for (int ci = 0; ci < size<1>(rc); ++ci) {
+        const int c = get<0>(rc(ri, ci)), d = get<1>(rc(ri, ci));
+        mixed += c != get<0>(rc(ri, 0));
+        if (ci % 2 == 1) unpaired += d != get<1>(rc(ri, ci - 1)) + 1;
+        ++seen[c * Cfg::kHeadDim + d];
+      }
+    }
+  }
+  EXPECT_EQ(mixed, 0) << "accumulator rows that hold more than one key column";
+  EXPECT_EQ(unpaired, 0) << "column pairs that are not two adjacent head dimensions";
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), int(seen.size())) << "elements not covered exactly once";
+}
+
+TEST(Sm90Layouts, DkEpilogueRows) {
+  check_dk_rows<ColPassConfig<cutlass::bfloat16_t, 128, false>>();
+  check_dk_rows<ColPassConfig<cutlass::half_t, 128, true>>();
 }
 
 // ldmatrix of stage s is addressed as stage 0's address + s · kPBytes, each access 16 contiguous bytes.

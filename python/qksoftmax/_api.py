@@ -1,5 +1,5 @@
 """qksoftmax.forward / backward / attention_probs: numpy arrays straight into qksoftmax._C, torch tensors
-through the custom ops (torch.ops.qksoftmax, in _ops)."""
+through _ops (the custom ops torch.ops.qksoftmax, or for plain eager tensors the same C++ calls directly)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,8 @@ def forward(q: Any, k: Any, *, scale: float | None = None, causal: bool = True) 
         p: (B, Hq, Sq, Sk) in q's dtype, masked positions 0 (a row with every position masked is all 0).
         lse: (B, Hq, Sq) float32 log-sum-exp of each row, -inf for a fully masked row.
 
-    On torch tensors this is torch.ops.qksoftmax.forward, outside autograd (see attention_probs).
+    On torch tensors this is torch.ops.qksoftmax.forward (or its C++ call, eager), outside autograd (see
+    attention_probs).
     """
     if _is_torch_tensor(q):
         return _ops.forward(q, k, scale, causal)
@@ -80,7 +81,8 @@ def backward(
         dq: (B, Hq, Sq, D) and dk: (B, Hk, Sk, D) (summed over the query heads of each key head), in q's
         dtype, framework and device.
 
-    On torch tensors this is torch.ops.qksoftmax.backward_saved_p or backward_recompute.
+    On torch tensors this is torch.ops.qksoftmax.backward_saved_p or backward_recompute (or their C++ call,
+    eager).
     """
     if _is_torch_tensor(q):
         return _ops.backward(q, k, dp, p, lse, scale, causal)

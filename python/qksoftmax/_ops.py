@@ -10,6 +10,12 @@ torch.empty, through the caching allocator, runs on the current CUDA stream and 
 the ops run in eager mode, under torch.compile (fake implementations; no graph breaks) and inside CUDA graph
 capture. The package imports this module whenever torch is installed, so that the ops exist before
 torch.compile traces a call.
+
+The public functions (bottom) call the ops whenever anything may need to see them: torch.compile, fake or
+other tensor subclasses, dispatch and torch-function modes, functorch transforms. A plain eager call goes
+to the same C++ API directly (and attention_probs through an autograd.Function doing what the forward op
+and its registered backward do): the ops' dispatch and autograd wrappers cost more host time than the
+kernels of a small call (docs/PYTORCH.md, "Host time").
 """
 
 from typing import Any, Optional  # no PEP 563 here: torch infers the op schemas from these annotations
@@ -108,6 +114,55 @@ def _backward(ctx: Any, dp: Tensor, _: Tensor) -> tuple[Optional[Tensor], ...]:
 forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+# The eager fast path.
+
+_PLAIN_TYPES = (Tensor, torch.nn.Parameter)
+
+
+def _modes_active() -> bool:
+    """A dispatch or torch-function mode or a functorch transform is active (True when this torch cannot
+    tell: the ops are always right)."""
+    try:
+        return bool(
+            torch._C._len_torch_dispatch_stack()
+            or torch._C._is_torch_function_mode_enabled()
+            or torch._C._functorch.peek_interpreter_stack() is not None
+        )
+    except AttributeError:
+        return True
+
+
+def plain_eager(*tensors: Optional[Tensor]) -> bool:
+    """The call may skip the ops: eager mode, plain tensors (no subclass: fake, functional, DTensor, ...),
+    no mode or transform that would intercept the ops."""
+    if torch.compiler.is_compiling():
+        return False
+    return all(x is None or type(x) in _PLAIN_TYPES for x in tensors) and not _modes_active()
+
+
+class _AttentionProbs(torch.autograd.Function):
+    """attention_probs on plain eager tensors: the forward op and its registered backward without the
+    dispatcher (same saved tensors, same C++ calls, same results)."""
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, scale: Optional[float], causal: bool, save: str) -> Tensor:
+        p, lse = run_forward(TorchFrame(FORWARD_OP, q), q, k, scale, causal)
+        ctx.save_for_backward(q, k, p if save == SAVE_P else lse)
+        ctx.scale, ctx.causal, ctx.save = scale, causal, save
+        return p
+
+    @staticmethod
+    def backward(ctx: Any, dp: Tensor) -> tuple[Optional[Tensor], ...]:
+        if torch.is_grad_enabled():  # create_graph: the ops' node refuses a second backward instead of a silent 0
+            return _backward(ctx, dp, None)
+        q, k, kept = ctx.saved_tensors
+        if ctx.save == SAVE_P:
+            dq, dk = run_backward(TorchFrame(BACKWARD_SAVED_P_OP, q), q, k, dp, kept, None, ctx.scale, ctx.causal)
+        else:
+            dq, dk = run_backward(TorchFrame(BACKWARD_RECOMPUTE_OP, q), q, k, dp, None, kept, ctx.scale, ctx.causal)
+        return dq, dk, None, None, None
+
+
 # The public functions on torch tensors. Arguments are checked in eager mode only, where the checks phrase
 # errors in the caller's terms; a compiled graph calls the ops, which the C++ API validates.
 
@@ -115,6 +170,8 @@ forward_op.register_autograd(_backward, setup_context=_setup_context)
 def forward(q: Tensor, k: Tensor, scale: object, causal: object) -> tuple[Tensor, Tensor]:
     if not torch.compiler.is_compiling():
         scale, causal = check_forward(TorchFrame(FORWARD, q), q, k, scale, causal)
+    if plain_eager(q, k):
+        return run_forward(TorchFrame(FORWARD, q), q.detach(), k.detach(), scale, causal)
     return torch.ops.qksoftmax.forward(q.detach(), k.detach(), scale, causal, DEFAULT_SAVE)
 
 
@@ -124,6 +181,8 @@ def backward(
     if not torch.compiler.is_compiling():
         scale, causal = check_backward(TorchFrame(BACKWARD, q), q, k, dp, p, lse, scale, causal)
     q, k, dp, p, lse = (None if x is None else x.detach() for x in (q, k, dp, p, lse))
+    if plain_eager(q, k, dp, p, lse):
+        return run_backward(TorchFrame(BACKWARD, q), q, k, dp, p, lse, scale, causal)
     if p is None:
         return torch.ops.qksoftmax.backward_recompute(q, k, dp, lse, scale, causal)
     return torch.ops.qksoftmax.backward_saved_p(q, k, p, dp, scale, causal)
@@ -133,5 +192,7 @@ def attention_probs(q: Tensor, k: Tensor, scale: object, causal: object, save: o
     check_save(ATTENTION_PROBS, save)
     if not torch.compiler.is_compiling():
         scale, causal = check_forward(TorchFrame(ATTENTION_PROBS, q), q, k, scale, causal)
+    if plain_eager(q, k):
+        return _AttentionProbs.apply(q, k, scale, causal, save)
     p, _ = torch.ops.qksoftmax.forward(q, k, scale, causal, save)
     return p

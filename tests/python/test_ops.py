@@ -202,6 +202,64 @@ def test_compile_forward_and_backward():
         torch.testing.assert_close(got, expected)
 
 
+# The eager fast path (_ops.plain_eager): plain eager calls skip the ops' dispatcher and must give what the
+# ops give; anything the ops exist for (fake tensors, dispatch modes, double backward) must still reach them.
+
+FAST_GRAD_FN = "_AttentionProbsBackward"
+
+
+def ops_only(monkeypatch) -> None:
+    monkeypatch.setattr(qksoftmax._ops, "plain_eager", lambda *tensors: False)
+
+
+@pytest.mark.parametrize("save", SAVES)
+def test_fast_path_matches_the_ops(device, monkeypatch, save):
+    """Same P, same gradients; bit for bit where the backward is deterministic (the CPU)."""
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    case = Case(2, 4, 2, 40, 40, head_dim(device))
+    q, k, dp = tensors(11, dtype, device, case.q_shape, case.k_shape, case.p_shape)
+    results = {}
+    for path in ("fast", "ops"):
+        if path == "ops":
+            ops_only(monkeypatch)
+        fq, fk = leaves(q, k)
+        p = qksoftmax.attention_probs(fq, fk, save=save)
+        assert (type(p.grad_fn).__name__ == FAST_GRAD_FN) == (path == "fast")
+        grads = torch.autograd.grad(p, (fq, fk), grad_outputs=dp)
+        p_fwd, lse = qksoftmax.forward(q, k)
+        dq, dk = qksoftmax.backward(q, k, dp, lse=lse)
+        results[path] = [p, *grads, p_fwd, lse, dq, dk]
+    exact = device == "cpu"
+    for fast, ops in zip(results["fast"], results["ops"]):
+        torch.testing.assert_close(fast, ops, rtol=0 if exact else None, atol=0 if exact else None)
+
+
+def test_fast_path_leaves_modes_to_the_ops():
+    """Under a dispatch mode (here fake tensors) the call goes through the ops and their fake kernels."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    case = Case(1, 2, 1, 6, 7, CPU_HEAD_DIM)
+    with FakeTensorMode() as mode:
+        q, k = (mode.from_tensor(t).requires_grad_(True) for t in tensors(12, torch.float32, "cpu", case.q_shape,
+                                                                              case.k_shape))
+        p = qksoftmax.attention_probs(q, k)
+        assert p.shape == case.p_shape
+        assert type(p.grad_fn).__name__ != FAST_GRAD_FN
+
+
+@pytest.mark.parametrize("save", SAVES)
+def test_double_backward_is_refused(save):
+    """No second derivative is implemented: a graph of the first must refuse to be differentiated, not
+    treat dq as a constant (on either path)."""
+    case = Case(1, 2, 1, 5, 5, CPU_HEAD_DIM)
+    q, k = leaves(*tensors(13, torch.float64, "cpu", case.q_shape, case.k_shape))
+    p = qksoftmax.attention_probs(q, k, save=save)
+    dq, _ = torch.autograd.grad(p.sum(), (q, k), create_graph=True)
+    assert dq.requires_grad
+    with pytest.raises(RuntimeError, match="no autograd formula was registered"):
+        dq.sum().backward()
+
+
 # A shape for each CUDA kernel family: generic (any S), and Hopper (16-bit, D = 128, S a multiple of 8),
 # whose backward also clears and reduces a dQ accumulator inside the captured graph.
 GRAPH_SHAPES = {"generic": (65, CUDA_HEAD_DIM), "hopper": (72, 128)}

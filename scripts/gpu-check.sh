@@ -8,6 +8,8 @@
 #   BUDGET_S=540 scripts/gpu-check.sh           # stages after the budget are cut short, the summary still prints
 #   STAGES="build bench ab" AB_CUDA_FLAGS="-DKNOB=3;-DKNOB=4" scripts/gpu-check.sh
 #                                               # A/B: the bench again from a build per ';'-separated variant
+#   scripts/export-revs.sh main my-branch; STAGES="revs" scripts/gpu-check.sh   (carry .deps and build/revs)
+#                                               # A/B of whole revisions: each built, then benched in turns
 #
 # Needs .deps/ (scripts/deps.sh, run where there is network; carry it with the call).
 # shellcheck disable=SC2086
@@ -31,6 +33,9 @@ BENCH_ARGS=${BENCH_ARGS:-"--suite all --mode all --dtype bf16"}
 # stage ab: ';'-separated CUDA flags, a build and a bench (BENCH_ARGS) each into $OUT/ab<i>.json; an empty
 # variant (";-DX=1") is a control build without flags. CMAKE_ARGS apply too, before the variant's flags.
 AB_CUDA_FLAGS=${AB_CUDA_FLAGS:-}
+# stage revs: the trees of scripts/export-revs.sh, each built (bench only) and benched with BENCH_ARGS into
+# $OUT/rev-<name>-<round>.json, REVS_ROUNDS rounds in turns (A B A B: drift of the machine shows as such).
+REVS_ROUNDS=${REVS_ROUNDS:-2}
 PEER_ARGS=${PEER_ARGS:-"--suite seed16 --dtype bf16 --impl eager,compile,autograd,eager_fwd,compile_fwd,eager_fwd_bwd,compile_fwd_bwd,qksoftmax_fwd_bwd,qksoftmax_p_fwd_bwd"}
 BUILD=build/gpu
 LOGS=$OUT/logs
@@ -107,6 +112,32 @@ if has_stage ab; then
     else
       record "ab$n" FAIL "${flags:-(no flags)}: see logs/ab$n*.log"
     fi
+  done
+fi
+
+if has_stage revs; then
+  revs=()
+  for tree in build/revs/*/; do
+    name=$(basename "$tree")
+    if run_logged "rev-$name-build" bash -c "cmake -S '$tree' -B 'build/gpu-rev-$name' -G Ninja \
+          -DCMAKE_BUILD_TYPE=Release -DQKSOFTMAX_BUILD_TESTS=OFF -DQKSOFTMAX_BUILD_BENCH=ON \
+          -DQKSOFTMAX_BUILD_PYTHON=OFF -DQKSOFTMAX_CUTLASS_INCLUDE_DIR='$PWD/.deps/cutlass/include' $CMAKE_ARGS &&
+          cmake --build 'build/gpu-rev-$name' -j $(nproc) --target qksoftmax-bench"; then
+      revs+=("$name")
+    else
+      record "rev $name" FAIL "build: see logs/rev-$name-build.log"
+    fi
+  done
+  for round in $(seq 1 "$REVS_ROUNDS"); do
+    for name in "${revs[@]}"; do
+      if run_logged "rev-$name-$round" "build/gpu-rev-$name/bench/qksoftmax-bench" $BENCH_ARGS \
+            --json "$OUT/rev-$name-$round.json"; then
+        means=$(grep -E '^suite' "$LOGS/rev-$name-$round.log" | sed -E 's/.*mean ([0-9.]+ us).*/\1/' | paste -sd' ')
+        record "rev $round" ok "$name ($(cat "build/revs/$name/REVISION" 2>/dev/null)): $means"
+      else
+        record "rev $round" FAIL "$name: see logs/rev-$name-$round.log"
+      fi
+    done
   done
 fi
 

@@ -16,7 +16,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/gpu-check}
-STAGES=${STAGES:-"build smoke ctest bench peers sanitize sass profile pytest"}
+STAGES=${STAGES:-"build smoke ctest bench peers host sanitize sass profile pytest"}
 BUDGET_S=${BUDGET_S:-100000}
 CMAKE_ARGS=${CMAKE_ARGS:-}
 CTEST_ARGS=${CTEST_ARGS:-}  # e.g. "-R D128" for the Hopper cases only
@@ -189,6 +189,14 @@ if has_stage profile; then
     done
   done
   record profile info "$(cat "$LOGS"/ncu-*-details.log 2>/dev/null | grep -c 'Section: GPU Speed Of Light') kernel reports, ncu-*.ncu-rep"
+fi
+
+if has_stage host; then  # host time per call of each layer of the torch path (docs/PYTORCH.md, "Host time")
+  if PYTHONPATH=python run_logged host python3 bench/host_time.py; then
+    record host info "$(grep 'fast path' "$LOGS/host.log" | sed -E 's/ +/ /g')"
+  else
+    record host FAIL "see logs/host.log"
+  fi
 fi
 
 if has_stage pytest; then

@@ -133,10 +133,8 @@ def _modes_active() -> bool:
 
 
 def plain_eager(*tensors: Optional[Tensor]) -> bool:
-    """The call may skip the ops: eager mode, plain tensors (no subclass: fake, functional, DTensor, ...),
-    no mode or transform that would intercept the ops."""
-    if torch.compiler.is_compiling():
-        return False
+    """An eager call (the callers have asked torch.compiler.is_compiling() already) may skip the ops: plain
+    tensors (no subclass: fake, functional, DTensor, ...), no mode or transform that would intercept the ops."""
     return all(x is None or type(x) in _PLAIN_TYPES for x in tensors) and not _modes_active()
 
 
@@ -156,11 +154,10 @@ class _AttentionProbs(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph: the ops' node refuses a second backward instead of a silent 0
             return _backward(ctx, dp, None)
         q, k, kept = ctx.saved_tensors
-        if ctx.save == SAVE_P:
-            dq, dk = run_backward(TorchFrame(BACKWARD_SAVED_P_OP, q), q, k, dp, kept, None, ctx.scale, ctx.causal)
-        else:
-            dq, dk = run_backward(TorchFrame(BACKWARD_RECOMPUTE_OP, q), q, k, dp, None, kept, ctx.scale, ctx.causal)
-        return dq, dk, None, None, None
+        saved_p = ctx.save == SAVE_P
+        frame = TorchFrame(BACKWARD_SAVED_P_OP if saved_p else BACKWARD_RECOMPUTE_OP, q)
+        p, lse = (kept, None) if saved_p else (None, kept)  # run_backward picks the mode from p
+        return (*run_backward(frame, q, k, dp, p, lse, ctx.scale, ctx.causal), None, None, None)
 
 
 # The public functions on torch tensors. Arguments are checked in eager mode only, where the checks phrase
@@ -168,9 +165,10 @@ class _AttentionProbs(torch.autograd.Function):
 
 
 def forward(q: Tensor, k: Tensor, scale: object, causal: object) -> tuple[Tensor, Tensor]:
-    if not torch.compiler.is_compiling():
+    eager = not torch.compiler.is_compiling()
+    if eager:
         scale, causal = check_forward(TorchFrame(FORWARD, q), q, k, scale, causal)
-    if plain_eager(q, k):
+    if eager and plain_eager(q, k):
         return run_forward(TorchFrame(FORWARD, q), q.detach(), k.detach(), scale, causal)
     return torch.ops.qksoftmax.forward(q.detach(), k.detach(), scale, causal, DEFAULT_SAVE)
 
@@ -178,10 +176,11 @@ def forward(q: Tensor, k: Tensor, scale: object, causal: object) -> tuple[Tensor
 def backward(
     q: Tensor, k: Tensor, dp: Tensor, p: Optional[Tensor], lse: Optional[Tensor], scale: object, causal: object
 ) -> tuple[Tensor, Tensor]:
-    if not torch.compiler.is_compiling():
+    eager = not torch.compiler.is_compiling()
+    if eager:
         scale, causal = check_backward(TorchFrame(BACKWARD, q), q, k, dp, p, lse, scale, causal)
     q, k, dp, p, lse = (None if x is None else x.detach() for x in (q, k, dp, p, lse))
-    if plain_eager(q, k, dp, p, lse):
+    if eager and plain_eager(q, k, dp, p, lse):
         return run_backward(TorchFrame(BACKWARD, q), q, k, dp, p, lse, scale, causal)
     if p is None:
         return torch.ops.qksoftmax.backward_recompute(q, k, dp, lse, scale, causal)
@@ -190,9 +189,10 @@ def backward(
 
 def attention_probs(q: Tensor, k: Tensor, scale: object, causal: object, save: object) -> Tensor:
     check_save(ATTENTION_PROBS, save)
-    if not torch.compiler.is_compiling():
+    eager = not torch.compiler.is_compiling()
+    if eager:
         scale, causal = check_forward(TorchFrame(ATTENTION_PROBS, q), q, k, scale, causal)
-    if plain_eager(q, k):
+    if eager and plain_eager(q, k):
         return _AttentionProbs.apply(q, k, scale, causal, save)
     p, _ = torch.ops.qksoftmax.forward(q, k, scale, causal, save)
     return p

@@ -54,6 +54,13 @@ run_logged() {  # name, command...: runs within the budget, tees to $LOGS/name.l
   return "${PIPESTATUS[0]}"
 }
 last_line() { grep -E "$1" "$2" 2>/dev/null | tail -1; }
+# A bench-only Release build: log name, source tree, build folder, extra cmake arguments.
+build_bench() {
+  local name=$1 src=$2 dir=$3; shift 3
+  run_logged "$name-configure" cmake -S "$src" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DQKSOFTMAX_BUILD_TESTS=OFF -DQKSOFTMAX_BUILD_BENCH=ON -DQKSOFTMAX_BUILD_PYTHON=OFF $CMAKE_ARGS "$@" &&
+    run_logged "$name-build" cmake --build "$dir" -j "$(nproc)" --target qksoftmax-bench
+}
 
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.limit --format=csv; nvcc --version | tail -1;
   python3 -c 'import torch; print("torch", torch.__version__)'; date -u +%FT%TZ; } > "$LOGS/env.txt" 2>&1
@@ -103,10 +110,7 @@ if has_stage ab; then
   IFS=';' read -r -a ab_variants <<< "$AB_CUDA_FLAGS"
   for i in "${!ab_variants[@]}"; do
     flags=${ab_variants[$i]}; n=$((i + 1))
-    if run_logged "ab$n-configure" cmake -S . -B "build/gpu-ab$n" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-          -DQKSOFTMAX_BUILD_TESTS=OFF -DQKSOFTMAX_BUILD_BENCH=ON -DQKSOFTMAX_BUILD_PYTHON=OFF $CMAKE_ARGS \
-          -DCMAKE_CUDA_FLAGS="$flags" &&
-       run_logged "ab$n-build" cmake --build "build/gpu-ab$n" -j "$(nproc)" --target qksoftmax-bench &&
+    if build_bench "ab$n" . "build/gpu-ab$n" -DCMAKE_CUDA_FLAGS="$flags" &&
        run_logged "ab$n" "build/gpu-ab$n/bench/qksoftmax-bench" $BENCH_ARGS --json "$OUT/ab$n.json"; then
       record "ab$n" ok "${flags:-(no flags)}: $(grep -c '^suite' "$LOGS/ab$n.log") suite tables, ab$n.json"
     else
@@ -119,13 +123,11 @@ if has_stage revs; then
   revs=()
   for tree in build/revs/*/; do
     name=$(basename "$tree")
-    if run_logged "rev-$name-build" bash -c "cmake -S '$tree' -B 'build/gpu-rev-$name' -G Ninja \
-          -DCMAKE_BUILD_TYPE=Release -DQKSOFTMAX_BUILD_TESTS=OFF -DQKSOFTMAX_BUILD_BENCH=ON \
-          -DQKSOFTMAX_BUILD_PYTHON=OFF -DQKSOFTMAX_CUTLASS_INCLUDE_DIR='$PWD/.deps/cutlass/include' $CMAKE_ARGS &&
-          cmake --build 'build/gpu-rev-$name' -j $(nproc) --target qksoftmax-bench"; then
+    if build_bench "rev-$name" "$tree" "build/gpu-rev-$name" \
+          -DQKSOFTMAX_CUTLASS_INCLUDE_DIR="$PWD/.deps/cutlass/include"; then
       revs+=("$name")
     else
-      record "rev $name" FAIL "build: see logs/rev-$name-build.log"
+      record "rev $name" FAIL "build: see logs/rev-$name-*.log"
     fi
   done
   for round in $(seq 1 "$REVS_ROUNDS"); do

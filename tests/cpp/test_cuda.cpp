@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <functional>
 #include <optional>
 #include <random>
 #include <string>
@@ -64,12 +65,16 @@ void expect_matches(const Case& c, const Outputs& gpu, const Outputs& ref) {
   expect_gradient_close(c, "dk", gpu.dk, ref.dk.values(), tolerance);
 }
 
-// Both passes on the GPU, checked against the CPU backend on the same inputs.
-void expect_gpu_matches_cpu(const Case& c, const Inputs& in) {
+// Both passes on the GPU, checked against the CPU backend on the same inputs; `more` adds checks of its own
+// on the same outputs and reference.
+void expect_gpu_matches_cpu(const Case& c, const Inputs& in,
+                            const std::function<void(const Outputs& gpu, const Outputs& ref)>& more = {}) {
   Outputs gpu(c, c.dtype, c.layout);
   const Status s = gpu_run(c, in, gpu);
   ASSERT_TRUE(s.ok()) << s.message();
-  expect_matches(c, gpu, cpu_reference(c, in));
+  const Outputs ref = cpu_reference(c, in);
+  expect_matches(c, gpu, ref);
+  if (more) more(gpu, ref);
 }
 
 class GpuVsCpu : public GpuTest, public ::testing::WithParamInterface<Case> {};
@@ -272,10 +277,9 @@ void expect_blocks_close(const char* name, const HostTensor& out, const std::vec
   int bad = 0;
   std::string first;  // the first few bad blocks and their relative errors
   for (size_t block = 0; block < err.size(); ++block) {
-    const bool ok = norm[block] > 0 ? std::sqrt(err[block] / norm[block]) <= bound : err[block] == 0;
-    if (!ok && bad++ < 3) {
-      first += " " + std::to_string(block) + " (" + std::to_string(std::sqrt(err[block] / norm[block])) + ")";
-    }
+    const double relative = std::sqrt(err[block] / norm[block]);  // (inf or NaN where the reference is 0)
+    const bool ok = norm[block] > 0 ? relative <= bound : err[block] == 0;
+    if (!ok && bad++ < 3) first += " " + std::to_string(block) + " (" + std::to_string(relative) + ")";
   }
   EXPECT_EQ(bad, 0) << name << ": blocks above " << bound << ":" << first;
 }
@@ -299,16 +303,13 @@ TEST(BlockCheck, CatchesOneBadBlock) {
 class GpuColumnBlocks : public GpuTest, public ::testing::WithParamInterface<Case> {};
 
 TEST_P(GpuColumnBlocks, EveryBlock) {
+  constexpr int64_t kRowBlock = 64, kKeyBlock = 128;  // the column pass's tile: a step's rows, a CTA's keys
   const Case& c = GetParam();
-  const Inputs in = make_inputs(c, test_seed());
-  Outputs gpu(c, c.dtype, c.layout);
-  const Status s = gpu_run(c, in, gpu);
-  ASSERT_TRUE(s.ok()) << s.message();
-  const Outputs ref = cpu_reference(c, in);
-  expect_matches(c, gpu, ref);
-  const double tolerance = contract_tolerance(c.dtype);
-  expect_blocks_close("dq", gpu.dq, ref.dq.values(), c.Sq, 64, c.D, tolerance);
-  expect_blocks_close("dk", gpu.dk, ref.dk.values(), c.Sk, 128, c.D, tolerance);
+  expect_gpu_matches_cpu(c, make_inputs(c, test_seed()), [&](const Outputs& gpu, const Outputs& ref) {
+    const double tolerance = contract_tolerance(c.dtype);
+    expect_blocks_close("dq", gpu.dq, ref.dq.values(), c.Sq, kRowBlock, c.D, tolerance);
+    expect_blocks_close("dk", gpu.dk, ref.dk.values(), c.Sk, kKeyBlock, c.D, tolerance);
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -16,7 +16,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/gpu-check}
-STAGES=${STAGES:-"build smoke ctest bench peers host sanitize sass profile pytest"}
+STAGES=${STAGES:-"build smoke ctest step bench peers host sanitize sass profile pytest"}
 BUDGET_S=${BUDGET_S:-100000}
 CMAKE_ARGS=${CMAKE_ARGS:-}
 CTEST_ARGS=${CTEST_ARGS:-}  # e.g. "-R D128" for the Hopper cases only
@@ -43,9 +43,18 @@ mkdir -p "$LOGS"
 export PYTHONUNBUFFERED=1
 export QKSOFTMAX_REQUIRE_GPU=1  # here a missing GPU fails the GPU tests instead of skipping them
 
+# STOP_ON_FAIL=1: after a failed stage the rest is skipped (the summary still prints): no device time on
+# stages that a broken build or a hang makes meaningless.
+STOP_ON_FAIL=${STOP_ON_FAIL:-0}
+SMOKE_TIMEOUT_S=${SMOKE_TIMEOUT_S:-90}
 declare -a summary
-record() { summary+=("$(printf '%-10s %-6s %s' "$1" "$2" "$3")"); }
-has_stage() { [[ " $STAGES " == *" $1 "* ]]; }
+failed=0
+record() {
+  summary+=("$(printf '%-10s %-6s %s' "$1" "$2" "$3")")
+  [ "$2" = FAIL ] && failed=1
+  return 0
+}
+has_stage() { [[ " $STAGES " == *" $1 "* ]] && ! { [ "$STOP_ON_FAIL" = 1 ] && [ "$failed" = 1 ]; }; }
 left() { echo $((BUDGET_S - SECONDS > 1 ? BUDGET_S - SECONDS : 1)); }
 run_logged() {  # name, command...: runs within the budget, tees to $LOGS/name.log, returns the command's status
   local name=$1; shift
@@ -79,10 +88,15 @@ fi
 
 if has_stage smoke; then
   tests_bin=$(find $BUILD -name qksoftmax_tests -type f | head -1)
-  if BUDGET_S=$((SECONDS + 90)) run_logged smoke "$tests_bin" --gtest_filter="$SMOKE_FILTER" --gtest_brief=1; then
+  BUDGET_S=$((SECONDS + SMOKE_TIMEOUT_S)) run_logged smoke "$tests_bin" --gtest_filter="$SMOKE_FILTER" --gtest_brief=1
+  rc=$?
+  if [ $rc = 0 ]; then
     record smoke ok "$(last_line 'PASSED' "$LOGS/smoke.log")"
+  elif [ $rc = 124 ]; then
+    record smoke FAIL "timed out after ${SMOKE_TIMEOUT_S} s: a hang (see logs/smoke.log)"
   else
-    record smoke FAIL "$(last_line 'PASSED|FAILED' "$LOGS/smoke.log") (rc or hang: see logs/smoke.log)"
+    # Failed tests, not a hang: later stages still say something (STOP_ON_FAIL stops only at a hang).
+    summary+=("$(printf '%-10s %-6s %s' smoke FAIL "$(last_line 'PASSED|FAILED' "$LOGS/smoke.log") rc $rc (see logs/smoke.log)")")
   fi
 fi
 
@@ -91,6 +105,15 @@ if has_stage ctest; then
     record ctest ok "$(last_line 'tests passed' "$LOGS/ctest.log")"
   else
     record ctest FAIL "$(last_line 'tests passed|tests failed' "$LOGS/ctest.log")"
+  fi
+fi
+
+if has_stage step; then  # the single-pass backward's step micro-benchmark (L2-resident; tensor-pipe share)
+  step_bin=$(find $BUILD -name qksoftmax-step -type f | head -1)
+  if run_logged step "$step_bin" "$OUT/h200-step.json"; then
+    record step ok "$(grep -E '^recompute +8 |^saved_p +8 ' "$LOGS/step.log" | awk '{print $1 " C=8 " $5}' | paste -sd' ')"
+  else
+    record step FAIL "see logs/step.log"
   fi
 fi
 
@@ -180,7 +203,7 @@ if has_stage profile; then
   for case in $PROFILE_CASES; do
     for mode in $PROFILE_MODES; do
       # (saved-P inputs come from the forward: that mode's filter must not take the forward kernel)
-      kernels='regex:fused_backward|colpass|rowstats|convert_dq'
+      kernels='regex:bwd_kernel|colpass|rowstats|convert_dq'
       [ "$mode" = forward ] && kernels='regex:forward_(stripe_)?kernel'
       name="ncu-$mode-S$(echo "$case" | cut -d, -f3)"
       run_logged "$name" ncu --clock-control none --set full --import-source yes \

@@ -27,9 +27,11 @@ constexpr int64_t kSm90HeadDim = 128;
 bool sm90_backward_shape(const Problem& prob) {
   return prob.pass == Pass::kBackward && prob.dtype != DType::kFloat32 && prob.D == kSm90HeadDim;
 }
-// The shapes the two-pass Hopper backward may take (its dQ atomics reorder sums: not when deterministic);
-// the workspace size depends on this only.
-bool sm90_shape(const Problem& prob) { return sm90_backward_shape(prob) && !prob.deterministic; }
+// The shapes the two-pass Hopper backward may take (rows past the single pass; its dQ atomics reorder sums:
+// not when deterministic); the workspace size depends on this only.
+bool sm90_shape(const Problem& prob) {
+  return sm90_backward_shape(prob) && !prob.deterministic && prob.Sk > kSm90SinglePassMaxSk;
+}
 
 // TMA needs a 16-byte aligned base and strides that are positive multiples of 16 bytes below 2^40 bytes
 // (a broadcast, stride-0 dimension takes the generic path).
@@ -63,13 +65,9 @@ bool sm90_tma_ready(const Problem& prob) {
          tma_compatible(prob.dp, e) && (!prob.p.present() || tma_compatible(prob.p, e));
 }
 
-// The fused backward serves deterministic calls (it sums in a fixed order, no atomics) on the rows it takes
-// (given TMA-ready tensors). Elsewhere the two-pass backward is faster: seed16 bf16 on the H200
-// (2026-11-30, 15:48–15:54Z) saved-P 535 µs mean against the fused kernel's 936, recompute 623 against 862; the fused
-// kernel won only at B ≤ 2, S ≤ 256, by at most 13 % (docs/PERFORMANCE.md, v5).
-bool sm90_fused_fits(const Problem& prob) {
-  return prob.deterministic && prob.Sk <= kSm90FusedMaxSk;
-}
+// The single-pass backward takes every row of up to kSm90SinglePassMaxSk keys (given TMA-ready tensors); it
+// sums in a fixed order, so it also serves deterministic calls. Longer rows take the two-pass backward.
+bool sm90_single_pass_fits(const Problem& prob) { return prob.Sk <= kSm90SinglePassMaxSk; }
 
 }  // namespace
 
@@ -114,14 +112,14 @@ Status run(const Problem& prob, void* workspace, CUstream_st* stream) {
 #undef QKSOFTMAX_DISPATCH_SM90_FORWARD
   }
   const bool sm90_backward = sm90_tma_ready(prob);
-  if (sm90_backward && sm90_fused_fits(prob)) {
+  if (sm90_backward && sm90_single_pass_fits(prob)) {
     const bool saved_p = prob.mode == BackwardMode::kSavedP;
-#define QKSOFTMAX_DISPATCH_SM90_FUSED(T, HD, SAVED_P)                                   \
+#define QKSOFTMAX_DISPATCH_SM90_BWD(T, HD, SAVED_P)                                     \
     if (prob.dtype == ElementTraits<T>::kDType && prob.D == HD && saved_p == SAVED_P) { \
-      return run_sm90_fused<sm90::FusedConfig<T, HD, SAVED_P>>(prob, stream);          \
+      return run_sm90_bwd<sm90::BwdConfig<T, HD, SAVED_P>>(prob, stream);              \
     }
-    QKSOFTMAX_SM90_FUSED_CONFIGS(QKSOFTMAX_DISPATCH_SM90_FUSED)
-#undef QKSOFTMAX_DISPATCH_SM90_FUSED
+    QKSOFTMAX_SM90_BWD_CONFIGS(QKSOFTMAX_DISPATCH_SM90_BWD)
+#undef QKSOFTMAX_DISPATCH_SM90_BWD
   }
   if (sm90_backward && !prob.deterministic) {
 #define QKSOFTMAX_DISPATCH_SM90(T, HD)                                                 \

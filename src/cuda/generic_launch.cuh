@@ -40,6 +40,27 @@ inline Status launch_status(const char* kernel) {
   return {Code::kCudaError, std::string("launch of ") + kernel + " failed: " + cudaGetErrorString(err)};
 }
 
+// The launch configuration of `blocks` blocks of configuration Cfg (threads, shared memory) in thread-block
+// clusters of `cluster` consecutive blocks.
+template <class Cfg>
+struct ClusterLaunch {
+  cudaLaunchAttribute attr{};
+  cudaLaunchConfig_t config{};
+
+  ClusterLaunch(int64_t blocks, int cluster, CUstream_st* stream) {
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim = {unsigned(cluster), 1, 1};
+    config.gridDim = dim3(unsigned(blocks));
+    config.blockDim = dim3(Cfg::kThreads);
+    config.dynamicSmemBytes = Cfg::kSmemBytes;
+    config.stream = stream;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;  // config points at attr
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
 // Launches a kernel of configuration Cfg (threads, shared memory) with one block per tile, in thread-block
 // clusters of `cluster` consecutive blocks when cluster > 1.
 template <class Cfg, class Kernel, class Params>
@@ -56,17 +77,8 @@ Status launch(Kernel kernel, const char* name, int64_t tiles, const Params& para
     kernel<<<unsigned(tiles), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
     return launch_status(name);
   }
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim = {unsigned(cluster), 1, 1};
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(unsigned(tiles));
-  config.blockDim = dim3(Cfg::kThreads);
-  config.dynamicSmemBytes = Cfg::kSmemBytes;
-  config.stream = stream;
-  config.attrs = &attr;
-  config.numAttrs = 1;
-  cudaLaunchKernelEx(&config, kernel, params);  // its error, if any, is also the last error
+  ClusterLaunch<Cfg> launch_config(tiles, cluster, stream);
+  cudaLaunchKernelEx(&launch_config.config, kernel, params);  // its error, if any, is also the last error
   return launch_status(name);
 }
 

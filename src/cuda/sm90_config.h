@@ -334,27 +334,32 @@ __device__ void for_each_access(const Addr& addr, F&& f) {
     }
   }
 }
-// frag (CPY, CPY_M, CPY_N), 16-bit, the retile_D of the copy whose partition gave `addr`; each access's 8 values
-// as 4 registers, as CuTe's copy of the atom unpacks them.
+// One x4 access: v, the 8 16-bit values of the access in a (CPY) slice of a fragment, as 4 registers, as
+// CuTe's copy of the atom unpacks them.
+template <class Values>
+__device__ void load_matrix(uint32_t addr, Values&& v) {
+  Tensor d = recast<uint32_t>(v);  // 4 registers
+  asm volatile("ldmatrix.sync.aligned.x4.m8n8.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(d(0)), "=r"(d(1)), "=r"(d(2)), "=r"(d(3))
+               : "r"(addr));
+}
+template <class Values>
+__device__ void store_matrix(uint32_t addr, const Values& v) {
+  Tensor d = recast<const uint32_t>(v);  // 4 registers
+  asm volatile("stmatrix.sync.aligned.x4.m8n8.shared.b16 [%0], {%1, %2, %3, %4};"
+               :
+               : "r"(addr), "r"(d(0)), "r"(d(1)), "r"(d(2)), "r"(d(3))
+               : "memory");
+}
+// frag (CPY, CPY_M, CPY_N), 16-bit, the retile_D of the copy whose partition gave `addr`.
 template <class Addr, class Frag>
 __device__ void load_matrices(const Addr& addr, uint32_t offset, Frag&& frag) {
-  for_each_access(addr, [&](int a, int m, int n) {
-    Tensor d = recast<uint32_t>(frag(make_coord(_, a), m, n));  // 4 registers
-    asm volatile("ldmatrix.sync.aligned.x4.m8n8.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(d(0)), "=r"(d(1)), "=r"(d(2)), "=r"(d(3))
-                 : "r"(addr(a, m, n) + offset));
-  });
+  for_each_access(addr, [&](int a, int m, int n) { load_matrix(addr(a, m, n) + offset, frag(make_coord(_, a), m, n)); });
 }
 // frag (CPY, CPY_M, CPY_N), 16-bit, the retile_S of the copy whose partition gave `addr`.
 template <class Addr, class Frag>
 __device__ void store_matrices(const Addr& addr, uint32_t offset, const Frag& frag) {
-  for_each_access(addr, [&](int a, int m, int n) {
-    Tensor v = recast<const uint32_t>(frag(make_coord(_, a), m, n));  // 4 registers
-    asm volatile("stmatrix.sync.aligned.x4.m8n8.shared.b16 [%0], {%1, %2, %3, %4};"
-                 :
-                 : "r"(addr(a, m, n) + offset), "r"(v(0)), "r"(v(1)), "r"(v(2)), "r"(v(3))
-                 : "memory");
-  });
+  for_each_access(addr, [&](int a, int m, int n) { store_matrix(addr(a, m, n) + offset, frag(make_coord(_, a), m, n)); });
 }
 
 // The split cluster barrier, ordered with every memory access around it (release on arrive, acquire on wait).

@@ -14,7 +14,7 @@ namespace sm90 {
 template <class Element_, int kHeadDim_>
 struct Config;
 template <class Element_, int kHeadDim_, bool kSavedP_>
-struct FusedConfig;
+struct BwdConfig;
 template <class Element_, int kHeadDim_>
 struct ForwardConfig;
 }  // namespace sm90
@@ -22,7 +22,10 @@ struct ForwardConfig;
 template <class Cfg>
 Status run_sm90_backward(const Problem& prob, void* workspace, CUstream_st* stream);
 template <class Cfg>
-Status run_sm90_fused(const Problem& prob, CUstream_st* stream);
+Status run_sm90_bwd(const Problem& prob, CUstream_st* stream, int64_t repeat = 1);
+// Clusters of `cluster` CTAs of the single-pass backward resident at once on the current device (0 on error).
+template <class Cfg>
+int sm90_bwd_resident_clusters(int cluster);
 template <class Cfg>
 Status run_sm90_forward(const Problem& prob, CUstream_st* stream);
 
@@ -35,20 +38,22 @@ Status run_sm90_forward(const Problem& prob, CUstream_st* stream);
 QKSOFTMAX_SM90_CONFIGS(QKSOFTMAX_DECLARE_SM90)
 #undef QKSOFTMAX_DECLARE_SM90
 
-// The fused (cluster) backward takes rows up to this many keys (a portable cluster of 8 CTAs × 128 columns).
-inline constexpr int64_t kSm90FusedMaxSk = 1024;
+// The single-pass (cluster) backward takes rows of up to this many keys (a portable cluster of 8 CTAs × 128
+// keys); the two-pass backward takes longer rows.
+inline constexpr int64_t kSm90SinglePassMaxSk = 1024;
 
-// The fused (cluster) backward: one instantiation per dtype, head dimension and mode (saved-P or not).
-#define QKSOFTMAX_SM90_FUSED_CONFIGS(X) \
-  X(cutlass::bfloat16_t, 128, false)    \
-  X(cutlass::bfloat16_t, 128, true)     \
-  X(cutlass::half_t, 128, false)        \
+// The single-pass backward: one instantiation per dtype, head dimension and mode (saved-P or not).
+#define QKSOFTMAX_SM90_BWD_CONFIGS(X) \
+  X(cutlass::bfloat16_t, 128, false)  \
+  X(cutlass::bfloat16_t, 128, true)   \
+  X(cutlass::half_t, 128, false)      \
   X(cutlass::half_t, 128, true)
 
-#define QKSOFTMAX_DECLARE_SM90_FUSED(T, HD, SAVED_P) \
-  extern template Status run_sm90_fused<sm90::FusedConfig<T, HD, SAVED_P>>(const Problem&, CUstream_st*);
-QKSOFTMAX_SM90_FUSED_CONFIGS(QKSOFTMAX_DECLARE_SM90_FUSED)
-#undef QKSOFTMAX_DECLARE_SM90_FUSED
+#define QKSOFTMAX_DECLARE_SM90_BWD(T, HD, SAVED_P)                                                          \
+  extern template Status run_sm90_bwd<sm90::BwdConfig<T, HD, SAVED_P>>(const Problem&, CUstream_st*, int64_t); \
+  extern template int sm90_bwd_resident_clusters<sm90::BwdConfig<T, HD, SAVED_P>>(int);
+QKSOFTMAX_SM90_BWD_CONFIGS(QKSOFTMAX_DECLARE_SM90_BWD)
+#undef QKSOFTMAX_DECLARE_SM90_BWD
 
 // The fused forward: one instantiation per dtype and head dimension (the configurations of the two-pass
 // backward).

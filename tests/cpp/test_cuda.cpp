@@ -110,9 +110,8 @@ std::vector<Case> sweep() {
       }
     }
   }
-  // Sizes around each 128-column block edge (multiples of 8 keep TMA alignment): the two-pass column pass, and
-  // with `deterministic` the fused (cluster) backward — clusters of 2, 4, 8 CTAs up to 1024 keys, the generic
-  // kernels past them.
+  // Sizes around each 128-key edge (multiples of 8 keep TMA alignment): the single-pass backward in clusters of
+  // 1, 2, 4, 8 CTAs up to 1024 keys, the two-pass backward past them (the generic kernels when deterministic).
   for (int64_t s : {120, 248, 256, 264, 504, 512, 1016, 1024, 1032}) {
     for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
       for (Mask mask : kAllMasks) {
@@ -182,9 +181,64 @@ std::vector<Case> sweep() {
 
 INSTANTIATE_TEST_SUITE_P(Sweep, GpuVsCpu, ::testing::ValuesIn(sweep()), param_name);
 
+// The single-pass Hopper backward (keys up to 1024 in one cluster) at the edges of its schedule: one CTA
+// (S ≤ 128), clusters of 2, 4 and 8, row blocks of 64, key chunks of 32; rows made 16-byte aligned at every
+// size so that TMA takes them. NaN sits in the masked places of dP and P (make_inputs).
+std::vector<Case> single_pass_cases() {
+  std::vector<Case> cases;
+  for (int64_t s : {1, 63, 64, 65, 255, 256, 257, 511, 512, 513, 1023, 1024}) {
+    for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+      for (Mask mask : kAllMasks) {
+        for (Variant variant : kAllVariants) {
+          cases.push_back({.B = 1, .Hq = 2, .Hk = 1, .Sq = s, .Sk = s, .D = 128, .dtype = dtype, .mask = mask,
+                           .variant = variant, .layout = Layout::kAlignedRows});
+        }
+      }
+    }
+  }
+  constexpr std::pair<int64_t, int64_t> kRectangles[] = {{63, 1024}, {1024, 63}, {1000, 300}, {2000, 520}, {5, 777}};
+  for (const auto& [sq, sk] : kRectangles) {
+    for (Mask mask : kAllMasks) {
+      for (Variant variant : kAllVariants) {
+        cases.push_back({.B = 2, .Hq = 4, .Hk = 2, .Sq = sq, .Sk = sk, .D = 128, .mask = mask, .variant = variant,
+                         .layout = Layout::kAlignedRows});
+      }
+    }
+  }
+  return cases;
+}
+
+class GpuSinglePass : public GpuTest, public ::testing::WithParamInterface<Case> {};
+
+TEST_P(GpuSinglePass, ForwardAndBackward) {
+  const Case& c = GetParam();
+  expect_gpu_matches_cpu(c, make_inputs(c, test_seed()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Edges, GpuSinglePass, ::testing::ValuesIn(single_pass_cases()), param_name);
+
+// Without the deterministic option too, the single pass sums in a fixed order: two runs are bitwise equal.
+class GpuSinglePassRepeat : public GpuTest, public ::testing::WithParamInterface<Variant> {};
+
+TEST_P(GpuSinglePassRepeat, TwoRunsBitwiseEqual) {
+  for (int64_t len : {1024, 264}) {
+    SCOPED_TRACE("S = " + std::to_string(len));
+    const Case c{.B = 2, .Hq = 8, .Hk = 2, .Sq = len, .Sk = len, .D = 128, .variant = GetParam()};
+    const Inputs in = make_inputs(c, test_seed());
+    Outputs a(c, c.dtype, c.layout), b(c, c.dtype, c.layout);
+    const Status first = gpu_run(c, in, a);
+    ASSERT_TRUE(first.ok()) << first.message();
+    const Status second = gpu_run(c, in, b);
+    ASSERT_TRUE(second.ok()) << second.message();
+    expect_bitwise_equal(a, b);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, GpuSinglePassRepeat, ::testing::ValuesIn(kAllVariants), variant_param_name);
+
 // With options.deterministic, two runs are bitwise identical (dK sums over the query heads of a group), and
-// they match the reference. S = 1000 and 512 reach the fused Hopper kernel, which serves deterministic calls up
-// to 1024 keys in both modes; longer rows take the generic kernels.
+// they match the reference. S = 1000 and 512 reach the single-pass Hopper kernel, which sums in a fixed order
+// up to 1024 keys in both modes; longer rows take the generic kernels.
 class GpuDeterminism : public GpuTest, public ::testing::WithParamInterface<Variant> {};
 
 TEST_P(GpuDeterminism, TwoRunsBitwiseEqual) {
@@ -208,7 +262,7 @@ INSTANTIATE_TEST_SUITE_P(Modes, GpuDeterminism, ::testing::ValuesIn(kAllVariants
 
 // dP with a large common part per row (dP = 8 + N(0, 1)): the softmax backward cancels it (dS = P ∘ (dP − D)),
 // so a schedule that forms P∘dP and D·P separately and subtracts late would lose accuracy here while passing
-// the zero-mean sweep. Every backward path: two-pass and fused (deterministic) Hopper kernels, generic tails.
+// the zero-mean sweep. Every backward path: the single-pass and two-pass Hopper kernels, generic tails.
 class GpuBiasedGradient : public GpuTest, public ::testing::WithParamInterface<Case> {};
 
 TEST_P(GpuBiasedGradient, MatchesReference) {
@@ -259,10 +313,10 @@ INSTANTIATE_TEST_SUITE_P(
                            .variant = Variant::kSavedP}),
     param_name);
 
-// The column pass at shapes with hundreds of column blocks (more than SMs): odd column-block counts, GQA, and
-// causal Sk > Sq, where whole column blocks have no rows (their dK is zero). Checked block by block (dQ by
-// 64-row blocks, dK by 128-key blocks): one missing or misplaced tile among hundreds would vanish in one
-// Frobenius norm over the tensor. (Written for the persistent column pass of branch colpass-persistent.)
+// The two-pass column pass (rows of more than 1024 keys) at shapes with more column blocks than SMs: an odd
+// column-block count, GQA, and causal Sk > Sq, where whole column blocks have no rows (their dK is zero).
+// Checked block by block (dQ by 64-row blocks, dK by 128-key blocks): one missing or misplaced tile among
+// hundreds would vanish in one Frobenius norm over the tensor.
 void expect_blocks_close(const char* name, const HostTensor& out, const std::vector<double>& ref, int64_t rows,
                          int64_t block_rows, int64_t d, double bound) {
   const std::vector<double> values = out.values();
@@ -302,24 +356,48 @@ TEST(BlockCheck, CatchesOneBadBlock) {
 
 class GpuColumnBlocks : public GpuTest, public ::testing::WithParamInterface<Case> {};
 
-TEST_P(GpuColumnBlocks, EveryBlock) {
-  constexpr int64_t kRowBlock = 64, kKeyBlock = 128;  // the column pass's tile: a step's rows, a CTA's keys
-  const Case& c = GetParam();
+// The outputs of case c checked as a whole and block by block: dQ by `row_block` rows, dK by `key_block` keys.
+void expect_gpu_matches_cpu_by_blocks(const Case& c, int64_t row_block, int64_t key_block) {
   expect_gpu_matches_cpu(c, make_inputs(c, test_seed()), [&](const Outputs& gpu, const Outputs& ref) {
     const double tolerance = contract_tolerance(c.dtype);
-    expect_blocks_close("dq", gpu.dq, ref.dq.values(), c.Sq, kRowBlock, c.D, tolerance);
-    expect_blocks_close("dk", gpu.dk, ref.dk.values(), c.Sk, kKeyBlock, c.D, tolerance);
+    expect_blocks_close("dq", gpu.dq, ref.dq.values(), c.Sq, row_block, c.D, tolerance);
+    expect_blocks_close("dk", gpu.dk, ref.dk.values(), c.Sk, key_block, c.D, tolerance);
   });
+}
+
+TEST_P(GpuColumnBlocks, EveryBlock) {
+  constexpr int64_t kRowBlock = 64, kKeyBlock = 128;  // the column pass's tile: a step's rows, a CTA's keys
+  expect_gpu_matches_cpu_by_blocks(GetParam(), kRowBlock, kKeyBlock);
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Items, GpuColumnBlocks,
-    ::testing::Values(Case{.B = 2, .Hq = 72, .Hk = 72, .Sq = 264, .Sk = 264, .D = 128},
-                      Case{.B = 2, .Hq = 72, .Hk = 72, .Sq = 264, .Sk = 264, .D = 128, .dtype = DType::kFloat16,
+    ::testing::Values(Case{.B = 1, .Hq = 16, .Hk = 16, .Sq = 1160, .Sk = 1160, .D = 128},
+                      Case{.B = 1, .Hq = 16, .Hk = 16, .Sq = 1160, .Sk = 1160, .D = 128, .dtype = DType::kFloat16,
                            .variant = Variant::kSavedP},
-                      Case{.B = 2, .Hq = 72, .Hk = 72, .Sq = 264, .Sk = 264, .D = 128, .mask = Mask::kNone},
-                      Case{.B = 4, .Hq = 64, .Hk = 32, .Sq = 136, .Sk = 520, .D = 128,
+                      Case{.B = 1, .Hq = 16, .Hk = 16, .Sq = 1160, .Sk = 1160, .D = 128, .mask = Mask::kNone},
+                      Case{.B = 2, .Hq = 32, .Hk = 16, .Sq = 136, .Sk = 1160, .D = 128,
                            .variant = Variant::kRecomputeLse}),
+    param_name);
+
+// The single pass with many more (batch, key head) items than resident clusters, so that each cluster walks
+// several (K reloaded, barrier phases carried over), checked block by block: dQ by 64-row blocks, dK by the
+// 32-key chunks that CTAs own in rotation.
+class GpuSinglePassBlocks : public GpuTest, public ::testing::WithParamInterface<Case> {};
+
+TEST_P(GpuSinglePassBlocks, EveryBlock) {
+  constexpr int64_t kRowBlock = 64, kChunk = 32;  // a step's rows, the keys a CTA owns in rotation
+  expect_gpu_matches_cpu_by_blocks(GetParam(), kRowBlock, kChunk);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Items, GpuSinglePassBlocks,
+    ::testing::Values(Case{.B = 2, .Hq = 40, .Hk = 40, .Sq = 1024, .Sk = 1024, .D = 128},
+                      Case{.B = 2, .Hq = 40, .Hk = 40, .Sq = 1024, .Sk = 1024, .D = 128, .dtype = DType::kFloat16,
+                           .variant = Variant::kSavedP},
+                      Case{.B = 3, .Hq = 64, .Hk = 16, .Sq = 520, .Sk = 520, .D = 128, .mask = Mask::kNone,
+                           .variant = Variant::kRecomputeLse},
+                      Case{.B = 4, .Hq = 96, .Hk = 96, .Sq = 128, .Sk = 128, .D = 128}),
     param_name);
 
 // Forwards enqueued back to back, with no synchronisation between them, at a shape with ~16 row-block tiles

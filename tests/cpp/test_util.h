@@ -25,6 +25,7 @@ constexpr std::byte kPoisonByte{0xFF};
 constexpr int64_t kAlignedRowPadding = 8;
 constexpr int64_t kOddRowPadding = 3;
 constexpr int64_t kWideStride = 2;
+constexpr int64_t kRowAlignment = 8;  // elements: rows of kAlignedRows start 16-byte aligned (16-bit dtypes)
 
 enum class Layout : uint8_t {
   kContiguous,
@@ -32,6 +33,7 @@ enum class Layout : uint8_t {
   kPaddedRows,       // row-major with kAlignedRowPadding unused elements after every row
   kOddPaddedRows,    // the same with kOddRowPadding
   kWideLastDim,      // row-major over every other element: last-dimension stride kWideStride
+  kAlignedRows,      // row-major, every row stride rounded up to kRowAlignment elements (TMA-ready at any size)
 };
 
 inline const char* layout_name(Layout layout) {
@@ -41,6 +43,7 @@ inline const char* layout_name(Layout layout) {
     case Layout::kPaddedRows: return "padded_rows";
     case Layout::kOddPaddedRows: return "odd_padded_rows";
     case Layout::kWideLastDim: return "wide_last_dim";
+    case Layout::kAlignedRows: return "aligned_rows";
   }
   return "?";
 }
@@ -60,7 +63,9 @@ inline std::vector<int64_t> strides_for(const std::vector<int64_t>& shape, Layou
                       : layout == Layout::kOddPaddedRows ? kOddRowPadding
                                                          : 0;
   strides[rank - 1] = step;
-  strides[rank - 2] = shape[rank - 1] * step + pad;
+  strides[rank - 2] = layout == Layout::kAlignedRows
+                          ? (shape[rank - 1] + kRowAlignment - 1) / kRowAlignment * kRowAlignment
+                          : shape[rank - 1] * step + pad;
   for (size_t d = rank - 2; d-- > 0;) strides[d] = strides[d + 1] * shape[d + 1];
   return strides;
 }

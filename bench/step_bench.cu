@@ -1,0 +1,151 @@
+// qksoftmax-step: the step micro-benchmark of the single-pass Hopper backward. Every resident cluster walks
+// the same (batch, key head) `repeat` times: its Q, K and dP stay in L2, so the time per step is the step's
+// own (tensor products, element-wise work, cluster exchange), without DRAM. Non-causal rows of 128·C keys
+// keep every chunk of every CTA live. Printed per mode and cluster size: µs per 64-row step and SM, and the
+// tensor pipe's share: the step's products at the cuBLAS bf16 rate measured in the same run, over the time.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "ceilings.h"
+#include "cuda/sm90_instances.h"
+#include "cuda_check.h"
+#include "gpu.h"
+#include "timing.h"
+
+namespace qkbench {
+namespace {
+
+constexpr int kHeadDim = 128;
+constexpr int kBlockM = 64;       // rows per step
+constexpr int kKeysPerCta = 128;  // keys per CTA
+constexpr int kClusterSizes[] = {1, 2, 4, 8};
+constexpr int kRepeat = 24;
+constexpr int kWarmup = 3;
+constexpr int kRuns = 15;
+constexpr double kMicro = 1e-6;
+constexpr double kTera = 1e12;
+constexpr uint16_t kBf16One = 0x3F80;  // data values do not change the schedule; finite, not zero
+
+struct StepResult {
+  std::string mode;
+  int cluster = 0;
+  double us = 0;            // one launch
+  double step_us = 0;       // per 64-row step of one CTA
+  double tensor_share = 0;  // of the measured bf16 GEMM rate
+};
+
+Result fill(void* ptr, size_t elements, cudaStream_t stream) {
+  std::vector<uint16_t> host(elements, kBf16One);
+  return cuda_result(cudaMemcpyAsync(ptr, host.data(), elements * sizeof(uint16_t), cudaMemcpyHostToDevice, stream),
+                     "cudaMemcpyAsync");
+}
+
+qksoftmax::Operand operand(void* ptr, int64_t heads, int64_t rows, int64_t cols) {
+  return {ptr, heads * rows * cols, rows * cols, cols, 1};
+}
+
+using Recompute = qksoftmax::cuda::sm90::BwdConfig<cutlass::bfloat16_t, kHeadDim, false>;
+using SavedP = qksoftmax::cuda::sm90::BwdConfig<cutlass::bfloat16_t, kHeadDim, true>;
+
+Result run_case(cudaStream_t stream, bool saved_p, int cluster, int clusters, double gemm_tflops, StepResult* out) {
+  using qksoftmax::cuda::run_sm90_bwd;
+  const int64_t seq = int64_t(kKeysPerCta) * cluster, heads = clusters;
+  DeviceBuffer q, k, dp, p, dq, dk;
+  QKB_TRY(q.allocate(size_t(heads * seq * kHeadDim) * 2));
+  QKB_TRY(k.allocate(size_t(heads * seq * kHeadDim) * 2));
+  QKB_TRY(dp.allocate(size_t(heads * seq * seq) * 2));
+  QKB_TRY(p.allocate(size_t(heads * seq * seq) * 2));
+  QKB_TRY(dq.allocate(size_t(heads * seq * kHeadDim) * 2));
+  QKB_TRY(dk.allocate(size_t(heads * seq * kHeadDim) * 2));
+  for (const DeviceBuffer* b : {&q, &k, &dp, &p}) QKB_TRY(fill(b->get(), b->bytes() / 2, stream));
+
+  qksoftmax::Problem prob;
+  prob.pass = qksoftmax::Pass::kBackward;
+  prob.B = 1, prob.Hq = heads, prob.Hk = heads, prob.Sq = seq, prob.Sk = seq, prob.D = kHeadDim;
+  prob.dtype = qksoftmax::DType::kBFloat16;
+  prob.device = qksoftmax::Device::kCUDA;
+  prob.mask = qksoftmax::Mask::kNone;
+  prob.mode = saved_p ? qksoftmax::BackwardMode::kSavedP : qksoftmax::BackwardMode::kRecompute;
+  prob.scale = 1.0f / std::sqrt(float(kHeadDim));
+  prob.q = operand(q.get(), heads, seq, kHeadDim);
+  prob.k = operand(k.get(), heads, seq, kHeadDim);
+  prob.dp = operand(dp.get(), heads, seq, seq);
+  if (saved_p) prob.p = operand(p.get(), heads, seq, seq);
+  prob.dq = operand(dq.get(), heads, seq, kHeadDim);
+  prob.dk = operand(dk.get(), heads, seq, kHeadDim);
+
+  double us = 0;
+  QKB_TRY(median_call_us(stream, {kWarmup, kRuns, 1}, [&](int) {
+    const qksoftmax::Status s = saved_p ? run_sm90_bwd<SavedP>(prob, stream, kRepeat)
+                                        : run_sm90_bwd<Recompute>(prob, stream, kRepeat);
+    return library_result(s, "single-pass backward");
+  }, &us));
+  const double steps_per_cta = double(kRepeat) * double(seq / kBlockM);
+  const double products = saved_p ? 2 : 3;
+  const double flops_per_step = products * 2.0 * kBlockM * kKeysPerCta * kHeadDim;
+  const double ctas = double(clusters) * cluster;
+  out->mode = saved_p ? "saved_p" : "recompute";
+  out->cluster = cluster;
+  out->us = us;
+  out->step_us = us / steps_per_cta;
+  out->tensor_share = flops_per_step * steps_per_cta * ctas / (us * kMicro) / (gemm_tflops * kTera);
+  return {};
+}
+
+Result run(const std::string& json_path) {
+  DeviceInfo info;
+  QKB_TRY(device_info(&info));
+  Stream stream;
+  QKB_TRY(create_stream(&stream));
+  Cublas cublas;
+  QKB_TRY(create_cublas(stream.get(), &cublas));
+  Ceilings ceilings;
+  QKB_TRY(measure_ceilings(stream.get(), cublas.get(), &ceilings));
+  std::printf("GPU %s, %d SMs; cuBLAS bf16 %.0f TFLOP/s (%.2f per SM)\n", info.name.c_str(), info.sms,
+              ceilings.bf16_TFLOPs, ceilings.bf16_TFLOPs / info.sms);
+  std::printf("%-10s %7s %9s %12s %8s\n", "mode", "cluster", "launch_us", "step_us/SM", "tensor");
+  std::vector<StepResult> results;
+  for (bool saved_p : {false, true}) {
+    for (int cluster : kClusterSizes) {
+      // One head per cluster the device holds at once (the persistent grid's size).
+      const int clusters = saved_p ? qksoftmax::cuda::sm90_bwd_resident_clusters<SavedP>(cluster)
+                                   : qksoftmax::cuda::sm90_bwd_resident_clusters<Recompute>(cluster);
+      if (clusters <= 0) return Result("no cluster of " + std::to_string(cluster) + " CTAs fits the device");
+      StepResult r;
+      QKB_TRY(run_case(stream.get(), saved_p, cluster, clusters, ceilings.bf16_TFLOPs, &r));
+      std::printf("%-10s %7d %9.1f %12.3f %7.1f%%\n", r.mode.c_str(), r.cluster, r.us, r.step_us,
+                  100.0 * r.tensor_share);
+      results.push_back(r);
+    }
+  }
+  if (json_path.empty()) return {};
+  std::FILE* f = std::fopen(json_path.c_str(), "w");
+  if (f == nullptr) return Result("cannot write " + json_path);
+  std::fprintf(f, "{\"gpu\": \"%s\", \"bf16_TFLOPs\": %.1f, \"repeat\": %d, \"steps\": [", info.name.c_str(),
+               ceilings.bf16_TFLOPs, kRepeat);
+  for (size_t i = 0; i < results.size(); ++i) {
+    const StepResult& r = results[i];
+    std::fprintf(f, "%s\n  {\"mode\": \"%s\", \"cluster\": %d, \"launch_us\": %.2f, \"step_us\": %.4f, \"tensor_share\": %.4f}",
+                 i ? "," : "", r.mode.c_str(), r.cluster, r.us, r.step_us, r.tensor_share);
+  }
+  std::fprintf(f, "\n]}\n");
+  std::fclose(f);
+  return {};
+}
+
+}  // namespace
+}  // namespace qkbench
+
+int main(int argc, char** argv) {
+  const std::string json = argc > 1 ? argv[1] : "";
+  if (const qkbench::Result r = qkbench::run(json); !r.ok()) {
+    std::fprintf(stderr, "qksoftmax-step: %s\n", r.message().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,93 @@
+// Host side of the single-pass backward: can_implement, the TMA descriptors, the persistent grid (clusters
+// that fit the GPU at once, asked of the driver once per device and cluster size) and the launch.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <atomic>
+#include <climits>
+#include <string>
+
+#include "cuda/generic_launch.cuh"
+#include "cuda/sm90/bwd_config.h"
+#include "cuda/sm90/bwd_kernel.cuh"
+#include "cuda/sm90_backward_launch.cuh"
+
+namespace qksoftmax::cuda {
+
+namespace sm90 {
+
+// The shapes the single-pass backward takes (given TMA-ready operands, which the dispatch checks).
+template <class Cfg>
+bool bwd_can_implement(const Problem& prob) {
+  const int64_t row_blocks = (prob.Sq + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  return prob.pass == Pass::kBackward && prob.dtype == Cfg::kDType && prob.D == Cfg::kHeadDim &&
+         (prob.mode == BackwardMode::kSavedP) == Cfg::kSavedP && prob.Sk <= Cfg::kMaxSk &&
+         row_blocks * prob.group() <= INT_MAX;
+}
+
+template <class Cfg>
+typename Cfg::Loads bwd_loads(const Problem& prob) {
+  const auto [q, k, dp, p] = backward_views<typename Cfg::Element, typename Cfg::HD>(prob);
+  return {make_tma_copy(SM90_TMA_LOAD{}, q, typename Cfg::SmemLayoutQ{}(_, _, 0)),
+          make_tma_copy(SM90_TMA_LOAD{}, k, typename Cfg::SmemLayoutKChunk{}),
+          make_tma_copy(SM90_TMA_LOAD{}, dp, typename Cfg::SmemLayoutPChunk{}),
+          make_tma_copy(SM90_TMA_LOAD{}, p, typename Cfg::SmemLayoutPChunk{})};
+}
+
+// Clusters of `cluster` CTAs of the kernel resident at once on the current device, asked once per device
+// and cluster size (0: unknown, the caller reports the error).
+template <class Cfg>
+int resident_clusters(int cluster, Status* status) {
+  constexpr int kMaxDevices = 64;
+  constexpr int kClusterSizes = 4;  // 1, 2, 4, 8
+  static std::array<std::atomic<int>, kMaxDevices * kClusterSizes> cache{};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    *status = launch_status("sm90 backward (device)");
+    return 0;
+  }
+  const int slot = (device % kMaxDevices) * kClusterSizes + (__builtin_ctz(unsigned(cluster)));
+  if (const int known = cache[slot].load(std::memory_order_relaxed); known > 0 && device < kMaxDevices) return known;
+
+  const auto kernel = bwd_kernel<Cfg>;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes) != cudaSuccess) {
+    *status = launch_status("sm90 backward (shared memory)");
+    return 0;
+  }
+  const ClusterLaunch<Cfg> launch_config(cluster, cluster, nullptr);
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch_config.config) != cudaSuccess || clusters <= 0) {
+    cudaGetLastError();
+    *status = {Code::kCudaError, "sm90 backward: no cluster of " + std::to_string(cluster) + " CTAs fits the device"};
+    return 0;
+  }
+  if (device < kMaxDevices) cache[slot].store(clusters, std::memory_order_relaxed);
+  return clusters;
+}
+
+}  // namespace sm90
+
+// The single-pass backward. `repeat` > 1 walks every (batch, key head) that many times (the step
+// micro-benchmark: the same data, resident in L2); results are those of repeat = 1.
+template <class Cfg>
+Status run_sm90_bwd(const Problem& prob, CUstream_st* stream, int64_t repeat) {
+  constexpr const char* kName = "sm90 backward";
+  const int cluster = Cfg::cluster_for(prob.Sk);
+  const int64_t heads = prob.B * prob.Hk;
+  const typename Cfg::Params params{prob, sm90::bwd_loads<Cfg>(prob), cluster, heads * repeat, heads};
+  Status status;
+  const int resident = sm90::resident_clusters<Cfg>(cluster, &status);
+  if (resident == 0) return status;
+  const int64_t clusters = std::min<int64_t>(params.work, resident);
+  return launch<Cfg>(sm90::bwd_kernel<Cfg>, kName, clusters * cluster, params, stream, cluster);
+}
+
+template <class Cfg>
+int sm90_bwd_resident_clusters(int cluster) {
+  Status status;
+  return sm90::resident_clusters<Cfg>(cluster, &status);
+}
+
+}  // namespace qksoftmax::cuda

@@ -1,0 +1,89 @@
+// The producer of the single-pass backward: one thread issues every TMA load of its CTA. Per work item the
+// CTA's four K chunks (K pipeline, one stage, freed by the softmax warpgroups after their last dQ product);
+// per step the Q tile and the live chunks of dP (and P) into the next stage of the stage pipeline (freed by
+// the dK warpgroup after its dSᵀ Q product).
+#pragma once
+
+#include "cuda/sm90/bwd_config.h"
+#include "cuda/sm90/mask.h"
+#include "cuda/sm90/tile_scheduler.h"
+
+namespace qksoftmax::cuda::sm90 {
+
+template <class Cfg>
+struct BwdProducer {
+  using Element = typename Cfg::Element;
+  using BM = typename Cfg::BM;
+  using CK = typename Cfg::CK;
+  using HD = typename Cfg::HD;
+  using Mask = ChunkMask<Cfg::kChunk, Cfg::kChunks, Cfg::kBlockM>;
+
+  const typename Cfg::Params& params;
+  typename Cfg::Storage& st;
+
+  // Runs on one thread.
+  template <class StagePipeline, class KPipeline>
+  __device__ void run(StagePipeline& stage_pipe, KPipeline& k_pipe, const Mask& mask) {
+    const Problem& prob = params.prob;
+    const auto& tma = params.tma;
+    const int row_blocks = int((prob.Sq + Cfg::kBlockM - 1) / Cfg::kBlockM);
+    const int steps = row_blocks * int(prob.group());
+
+    Tensor sQ = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQ{});   // (BM, D, ST)
+    Tensor sK = make_tensor(make_smem_ptr(st.k.data()), typename Cfg::SmemLayoutK{});   // (BN, D)
+    Tensor sdP = make_tensor(make_smem_ptr(st.dp.data()), typename Cfg::SmemLayoutP{});  // (BM, BN, ST)
+    Tensor sP = make_tensor(make_smem_ptr(st.p.data()), typename Cfg::SmemLayoutP{});    // (BM, BN, ST), saved-P
+    Tensor mQ = tma.q.get_tma_tensor(make_shape(int32_t(prob.Sq), HD{}, int32_t(prob.Hq), int32_t(prob.B)));
+    Tensor mK = tma.k.get_tma_tensor(make_shape(int32_t(prob.Sk), HD{}, int32_t(prob.Hk), int32_t(prob.B)));
+    const auto probs = make_shape(int32_t(prob.Sq), int32_t(prob.Sk), int32_t(prob.Hq), int32_t(prob.B));
+    Tensor mdP = tma.dp.get_tma_tensor(probs);
+    Tensor mP = tma.p.get_tma_tensor(probs);
+
+    auto stage_state = cutlass::make_producer_start_state<StagePipeline>();
+    auto k_state = cutlass::make_producer_start_state<KPipeline>();
+    PersistentScheduler sched(params.work, params.heads, prob.Hk, params.cluster);
+    for (WorkItem item; sched.next(item);) {
+      k_pipe.producer_acquire(k_state);
+      CUTE_UNROLL
+      for (int u = 0; u < Cfg::kChunks; ++u) {  // keys past Sk arrive as zeros
+        Tensor gK = local_tile(mK(_, _, item.kv_head, item.b), Shape<CK, HD>{},
+                               make_coord(int(mask.key0(u) / Cfg::kChunk), 0));  // (CK, D)
+        Tensor sKu = local_tile(sK, Shape<CK, HD>{}, make_coord(u, 0));           // (CK, D)
+        auto [tKg, tKs] = tma_partition(tma.k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sKu), group_modes<0, 2>(gK));
+        copy(tma.k.with(*k_pipe.producer_get_barrier(k_state)), tKg, tKs);
+      }
+      ++k_state;
+
+      for (int t = 0; t < steps; ++t) {
+        const int64_t h = item.kv_head * prob.group() + t / row_blocks;
+        const int mb = t % row_blocks;
+        const int live = mask.live(int64_t(mb) * Cfg::kBlockM);
+        stage_pipe.producer_acquire(stage_state);  // expects the Q tile's bytes
+        if (live > 0) {
+          stage_pipe.producer_expect_transaction(stage_state, uint32_t(live) * Cfg::kPChunkBytes * (Cfg::kSavedP ? 2 : 1));
+        }
+        auto* full = stage_pipe.producer_get_barrier(stage_state);
+        const int stage = stage_state.index();
+        Tensor gQ = local_tile(mQ(_, _, h, item.b), Shape<BM, HD>{}, make_coord(mb, 0));  // (BM, D)
+        auto [tQg, tQs] = tma_partition(tma.q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ(_, _, stage)), group_modes<0, 2>(gQ));
+        copy(tma.q.with(*full), tQg, tQs);
+        for (int u = 0; u < live; ++u) {
+          const int nb = int(mask.key0(u) / Cfg::kChunk);
+          Tensor gdP = local_tile(mdP(_, _, h, item.b), Shape<BM, CK>{}, make_coord(mb, nb));   // (BM, CK)
+          Tensor sdPu = local_tile(sdP(_, _, stage), Shape<BM, CK>{}, make_coord(0, u));      // (BM, CK)
+          auto [tPg, tPs] = tma_partition(tma.dp, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdPu), group_modes<0, 2>(gdP));
+          copy(tma.dp.with(*full), tPg, tPs);
+          if constexpr (Cfg::kSavedP) {
+            Tensor gP = local_tile(mP(_, _, h, item.b), Shape<BM, CK>{}, make_coord(mb, nb));  // (BM, CK)
+            Tensor sPu = local_tile(sP(_, _, stage), Shape<BM, CK>{}, make_coord(0, u));     // (BM, CK)
+            auto [tPg2, tPs2] = tma_partition(tma.p, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sPu), group_modes<0, 2>(gP));
+            copy(tma.p.with(*full), tPg2, tPs2);
+          }
+        }
+        ++stage_state;
+      }
+    }
+  }
+};
+
+}  // namespace qksoftmax::cuda::sm90

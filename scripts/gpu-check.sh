@@ -175,7 +175,7 @@ if has_stage peers; then
 fi
 if has_stage sanitize; then
   tests_bin=$(find $BUILD -name qksoftmax_tests -type f | head -1)
-  for tool in memcheck racecheck synccheck; do
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
     if run_logged "sanitize-$tool" compute-sanitizer --tool $tool --error-exitcode 1 "$tests_bin" \
           --gtest_filter="$SANITIZE_FILTER" --gtest_brief=1; then
       record $tool ok "$(last_line 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOGS/sanitize-$tool.log")"
@@ -207,7 +207,7 @@ if has_stage profile; then
       [ "$mode" = forward ] && kernels='regex:forward_(stripe_)?kernel'
       name="ncu-$mode-S$(echo "$case" | cut -d, -f3)"
       run_logged "$name" ncu --clock-control none --set full --import-source yes \
-        -k "$kernels" --launch-count 2 -f -o "$OUT/$name" \
+        -k "$kernels" --launch-count 1 -f -o "$OUT/$name" \
         "$bench_bin" --case "$case" --mode $mode --impl qksoftmax --runs 20 --warmup 3
       ncu --import "$OUT/$name.ncu-rep" --page details --print-details all > "$LOGS/$name-details.log" 2>&1
       ncu --import "$OUT/$name.ncu-rep" --page source --print-source sass --csv > "$LOGS/$name-sass.csv" 2>&1

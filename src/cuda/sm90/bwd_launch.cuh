@@ -81,7 +81,11 @@ Status run_sm90_bwd(const Problem& prob, CUstream_st* stream, int64_t repeat) {
   const int resident = sm90::resident_clusters<Cfg>(cluster, &status);
   if (resident == 0) return status;
   const int64_t clusters = std::min<int64_t>(params.work, resident);
-  return launch<Cfg>(sm90::bwd_kernel<Cfg>, kName, clusters * cluster, params, stream, cluster);
+  // Always a cluster launch, of one CTA too: the kernel addresses shared memory and barriers through the
+  // cluster (resident_clusters set the kernel's shared-memory limit).
+  ClusterLaunch<Cfg> launch_config(clusters * cluster, cluster, stream);
+  cudaLaunchKernelEx(&launch_config.config, sm90::bwd_kernel<Cfg>, params);  // its error is also the last error
+  return launch_status(kName);
 }
 
 template <class Cfg>

@@ -140,9 +140,7 @@ struct BwdSoftmax {
 
     // Shared-memory addresses of the exchange, and this CTA's rows of the statistics slots.
     const uint32_t stats_full = smem_addr(&st.stats_full[w]);
-    const uint32_t stats_empty = smem_addr(&st.stats_empty[w]);
     const uint32_t dq_full = smem_addr(&st.dq_full[w]);
-    const uint32_t dq_empty = smem_addr(&st.dq_empty[w]);
     const uint32_t stats_bytes = uint32_t(cluster) * kBlockM * sizeof(float4);
 
     int own = 0;  // steps this warpgroup has taken: the parity of the exchange barriers
@@ -250,50 +248,57 @@ struct BwdSoftmax {
           }
         });
 
-        // Exchange: push this CTA's partials to every CTA (lane q of a quad to CTAs q, q + 4), then combine.
-        if (own > 0) Cfg::Barrier::wait(&st.stats_empty[w], uint32_t((own - 1) & 1));
-        CUTE_UNROLL
-        for (int ri = 0; ri < kRows; ++ri) {
-          const int r = get<0>(tScS_rc(ri, 0));
-          const uint32_t slot = smem_addr(&st.stats[w][rank][r]);
-          CUTE_UNROLL
-          for (int j = 0; j < Cfg::kMaxCluster / kQuad; ++j) {
-            const int c = lane % kQuad + kQuad * j;
-            if (c < cluster) push_f4(cluster_addr(slot, uint32_t(c)), part[ri], cluster_addr(stats_full, uint32_t(c)));
-          }
-        }
-        if (tid == 0) Cfg::TxBarrier::arrive_and_expect_tx(&st.stats_full[w], stats_bytes);
-        Cfg::TxBarrier::wait(&st.stats_full[w], uint32_t(own & 1));
+        // Exchange: push this CTA's partials to every CTA (lane q of a quad to CTAs q, q + 4), then combine the
+        // cluster's. One CTA keeps its own in registers (distributed shared memory needs a cluster of two).
         float factor[kRows], delta[kRows];
-        CUTE_UNROLL
-        for (int ri = 0; ri < kRows; ++ri) {
-          const int r = get<0>(tScS_rc(ri, 0));
-          const uint32_t slots = smem_addr(&st.stats[w][0][r]);
-          constexpr uint32_t kSenderBytes = kBlockM * sizeof(float4);
+        const auto combine = [&](int ri, int n, auto&& partial) {  // partial(c): CTA c's float4 for row ri
           if (kSavedP || lse_given) {
             float d = 0.0f;
-            for (int c = 0; c < cluster; ++c) d += load_shared_f4(slots + c * kSenderBytes).z;
+            for (int c = 0; c < n; ++c) d += partial(c).z;
             factor[ri] = 1.0f;
             delta[ri] = d;
-          } else {
-            float mx = -INFINITY;
-            for (int c = 0; c < cluster; ++c) mx = fmaxf(mx, load_shared_f4(slots + c * kSenderBytes).x);
-            const float base = mx == -INFINITY ? 0.0f : mx;
-            float sum = 0.0f, dot = 0.0f;
-            for (int c = 0; c < cluster; ++c) {
-              const float4 x = load_shared_f4(slots + c * kSenderBytes);
-              const float e = exp2_fast(x.x - base);  // an empty partial (−inf) weighs 0
-              sum += x.y * e;
-              dot += x.z * e;
-            }
-            const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-            factor[ri] = part[ri].x == -INFINITY ? 0.0f : exp2_fast(part[ri].x - base) * inv;
-            delta[ri] = dot * inv;
+            return;
           }
-        }
-        __syncwarp();
-        if (lane == 0) {
-          for (int c = 0; c < cluster; ++c) arrive_remote(stats_empty, uint32_t(c));
+          float mx = -INFINITY;
+          for (int c = 0; c < n; ++c) mx = fmaxf(mx, partial(c).x);
+          const float base = mx == -INFINITY ? 0.0f : mx;
+          float sum = 0.0f, dot = 0.0f;
+          for (int c = 0; c < n; ++c) {
+            const float4 x = partial(c);
+            const float e = exp2_fast(x.x - base);  // an empty partial (−inf) weighs 0
+            sum += x.y * e;
+            dot += x.z * e;
+          }
+          const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+          factor[ri] = part[ri].x == -INFINITY ? 0.0f : exp2_fast(part[ri].x - base) * inv;
+          delta[ri] = dot * inv;
+        };
+        if (cluster > 1) {
+          if (own > 0) Cfg::Barrier::wait(&st.stats_empty[w], uint32_t((own - 1) & 1));
+          CUTE_UNROLL
+          for (int ri = 0; ri < kRows; ++ri) {
+            const int r = get<0>(tScS_rc(ri, 0));
+            const uint32_t slot = smem_addr(&st.stats[w][rank][r]);
+            CUTE_UNROLL
+            for (int j = 0; j < Cfg::kMaxCluster / kQuad; ++j) {
+              const int c = lane % kQuad + kQuad * j;
+              if (c < cluster) push_f4(cluster_addr(slot, uint32_t(c)), part[ri], cluster_addr(stats_full, uint32_t(c)));
+            }
+          }
+          if (tid == 0) Cfg::TxBarrier::arrive_and_expect_tx(&st.stats_full[w], stats_bytes);
+          Cfg::TxBarrier::wait(&st.stats_full[w], uint32_t(own & 1));
+          CUTE_UNROLL
+          for (int ri = 0; ri < kRows; ++ri) {
+            const uint32_t slots = smem_addr(&st.stats[w][0][get<0>(tScS_rc(ri, 0))]);
+            constexpr uint32_t kSenderBytes = kBlockM * sizeof(float4);
+            combine(ri, cluster, [&](int c) { return load_shared_f4(slots + c * kSenderBytes); });
+          }
+          // The slots are read (their values used above): each warp frees them in every CTA, lane c in CTA c.
+          __syncwarp();
+          Cfg::Barrier::arrive(&st.stats_empty[w], uint32_t(lane), lane < cluster);
+        } else {
+          CUTE_UNROLL
+          for (int ri = 0; ri < kRows; ++ri) combine(ri, 1, [&](int) { return part[ri]; });
         }
 
         // dS into registers and over the stage's dP tile (the dK warpgroup's A operand); a dead chunk next to
@@ -391,13 +396,9 @@ struct BwdSoftmax {
             if (m0 + r1 < prob.Sq) store_scaled(dq_rows + r1 * dq_op.sr + d, sum.z, sum.w, prob.scale, dq_vector);
           }
         }
-        if (ctas > 1) {
+        if (ctas > 1) {  // the slots are read (their values stored above): lane c frees them in CTA c
           __syncwarp();
-          if (lane == 0) {
-            for (int c = 0; c < ctas; ++c) {
-              if (c != cta) arrive_remote(dq_empty, uint32_t(c));
-            }
-          }
+          Cfg::Barrier::arrive(&st.dq_empty[w], uint32_t(lane), lane < ctas && lane != cta);
         }
         ++own;
       }

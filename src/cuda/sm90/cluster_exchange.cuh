@@ -1,8 +1,9 @@
 // Distributed shared memory between the CTAs of a cluster, as the single-pass backward exchanges row
 // statistics and dQ pieces: a sender pushes 16-byte vectors into the receiver's shared memory with st.async,
 // each completing bytes on the receiver's transaction barrier (the receiver waits on its own barrier at CTA
-// scope); the receiver, done reading, arrives on the sender's "empty" barrier with cluster-scope release.
-// CUTLASS's barrier classes provide the barriers; the pushes and the remote arrival are spelled out here.
+// scope); the receiver, done reading (the values used), arrives on the sender's "empty" barrier through
+// CUTLASS's ClusterBarrier, as CUTLASS's multicast pipelines free a stage. An arrival with cluster-scope
+// release semantics would compile to a GPU-wide memory barrier per arrival, µs apiece.
 #pragma once
 
 #include <cstdint>
@@ -19,15 +20,6 @@ __device__ inline void push_f4(uint32_t remote, float4 v, uint32_t remote_barrie
       :
       : "r"(remote), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(remote_barrier)
       : "memory");
-}
-
-// An arrival on the barrier at local address `barrier` of CTA `rank`, releasing this thread's earlier
-// accesses at cluster scope (the reads of a slot that the other CTA may overwrite next).
-__device__ inline void arrive_remote(uint32_t barrier, uint32_t rank) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];"
-               :
-               : "r"(cluster_addr(barrier, rank))
-               : "memory");
 }
 
 // CTAs in this cluster (read from the hardware: a value the compiler recomputes rather than keeps).

@@ -26,13 +26,14 @@ struct ChunkMask {
   // One past the last key row i sees (below 2^31 as the keys are).
   CUTE_HOST_DEVICE int row_end(int64_t i) const { return int(keys.col_end(i)); }
 
-  // Chunks of this CTA that some row of the block from row m0 sees: a prefix, [0, kChunks].
+  // Chunks of this CTA that some row of the block from row m0 sees: a prefix, [0, kChunks]. (32-bit: the
+  // keys of a cluster, and the chunks, are few; the cluster size is a power of two.)
   CUTE_HOST_DEVICE int live(int64_t m0) const {
     const int64_t last = (m0 + kBlockM < keys.Sq ? m0 + kBlockM : keys.Sq) - 1;
-    const int64_t seen = (keys.col_end(last) + kChunk - 1) / kChunk;  // cluster-wide chunks with a seen key
+    const int seen = (row_end(last) + kChunk - 1) / kChunk;  // cluster-wide chunks with a seen key
     if (seen <= rank) return 0;
-    const int64_t mine = (seen - rank + cluster - 1) / cluster;
-    return mine < kChunks ? int(mine) : kChunks;
+    const int mine = (seen - rank + cluster - 1) >> (__builtin_ctz(cluster));
+    return mine < kChunks ? mine : kChunks;
   }
   // Whether a row of the block misses a key of its `live` chunks (the block's first row sees the fewest).
   CUTE_HOST_DEVICE bool cuts(int64_t m0, int live) const {

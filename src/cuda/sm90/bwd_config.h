@@ -56,7 +56,8 @@ struct BwdConfig {
                 "the register file holds the roles");
   // dQ is exchanged in pieces of kPieceCols head dimensions: piece p of every row block is summed and stored
   // by CTA p % C. A piece is kPieceValues accumulator values per thread, two 16-byte pushes.
-  static constexpr int kPieces = 8;
+  static constexpr int kLog2Pieces = 3;
+  static constexpr int kPieces = 1 << kLog2Pieces;
   static constexpr int kPieceCols = kHeadDim / kPieces;
   static constexpr int kPieceValues = kBlockM * kPieceCols / kWarpgroupThreads;
   static constexpr int kPieceVectors = kPieceValues / 4;
@@ -115,7 +116,7 @@ struct BwdConfig {
     // Row statistics pushed by every CTA of the cluster: (max·log2e, Σ 2^(S' − max), Σ 2^(S' − max)·dP, 0)
     // per row, per softmax warpgroup, per sender.
     alignas(16) float4 stats[kSoftmaxWarpgroups][kMaxCluster][kBlockM];
-    // dQ pieces pushed to this CTA, per softmax warpgroup: slot (sender, piece) in fragment order.
+    // dQ pieces pushed to this CTA, per softmax warpgroup: slot (sender, owned piece) in fragment order.
     alignas(16) float4 dq[kSoftmaxWarpgroups][kPieces][kPieceVectors][kWarpgroupThreads];
     typename StagePipeline::SharedStorage stage_pipe;
     typename KPipeline::SharedStorage k_pipe;
@@ -134,6 +135,9 @@ struct BwdConfig {
     TmaP dp;
     TmaP p;  // saved-P only (a copy of dp otherwise, never used)
   };
+
+  // dQ bytes each CTA receives per step: every piece it owns from every CTA (its own included).
+  static constexpr uint32_t kDqPushBytes = kPieces * kPieceVectors * kWarpgroupThreads * sizeof(float4);
 
   struct Params {
     Problem prob;
@@ -157,5 +161,30 @@ CUTE_DEVICE typename Pipeline::PipelineState state_of(int64_t g) {
   constexpr int64_t kStages = Pipeline::Stages;
   return {int(g % kStages), uint32_t((g / kStages) & 1), 0};
 }
+
+// Rows of dQ of one step (query head h, rows from m0): four accumulator values e … e + 3 of a thread, the
+// coordinates from the dQ product's partition `coord` ((m, d) per value): e, e + 1 one row's adjacent columns,
+// e + 2, e + 3 the row 8 below's. Scaled, rounded, stored; rows past Sq are not.
+template <class Cfg>
+struct DqRows {
+  using Element = typename Cfg::Element;
+  const Problem& prob;
+  Element* rows;
+  int64_t m_end;  // rows of the step below Sq
+  bool vector;
+
+  CUTE_DEVICE DqRows(const Problem& p, int64_t b, int64_t h, int64_t m0)
+      : prob(p),
+        rows(static_cast<Element*>(p.dq.ptr) + p.dq.offset(b, h, m0, 0)),
+        m_end(p.Sq - m0),
+        vector(aligned_rows<Element>(p.dq, 2)) {}
+
+  template <class Coord>
+  CUTE_DEVICE void store(const Coord& coord, int e, float4 v) const {
+    const int r0 = get<0>(coord(e)), r1 = get<0>(coord(e + 2)), d = get<1>(coord(e));
+    if (r0 < m_end) store_scaled(rows + r0 * prob.dq.sr + d, v.x, v.y, prob.scale, vector);
+    if (r1 < m_end) store_scaled(rows + r1 * prob.dq.sr + d, v.z, v.w, prob.scale, vector);
+  }
+};
 
 }  // namespace qksoftmax::cuda::sm90

@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(CUTE_GRID_CONSTAN
       Cfg::TxBarrier::init(&st.stats_full[w], 1);
       Cfg::Barrier::init(&st.stats_empty[w], kWarps * cluster);  // each warp of each receiver
       Cfg::TxBarrier::init(&st.dq_full[w], 1);
-      Cfg::Barrier::init(&st.dq_empty[w], cluster > 1 ? kWarps * (cluster - 1) : 1);  // each warp of each owner
+      Cfg::Barrier::init(&st.dq_empty[w], kWarps * cluster);  // each warp of each owner's dK warpgroup
     }
     cutlass::arch::fence_barrier_init();
   }

@@ -85,9 +85,7 @@ struct BwdSoftmax {
     const int steps = row_blocks * int(prob.group());
     const float scale_log2 = prob.scale * kLog2e;
     const bool lse_given = !kSavedP && prob.lse.present();
-    const Operand& dq_op = prob.dq;
     const Operand& lse_op = prob.lse;
-    const bool dq_vector = aligned_rows<Element>(dq_op, 2);
 
     Tensor sQ = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQ{});     // (BM, D, ST)
     Tensor sK = make_tensor(make_smem_ptr(st.k.data()), typename Cfg::SmemLayoutK{});     // (BN, D)
@@ -349,19 +347,18 @@ struct BwdSoftmax {
           default: clear(tdQrdQ); break;
         }
 
-        // Push the pieces other CTAs own; sum and store the pieces this CTA owns. The cluster's rank and size are
-        // read again here, so that the slot addresses derived from them are computed per step, not kept.
-        const int cta = int(cute::block_rank_in_cluster());
-        const int ctas = cluster_ctas();
-        const int log2_ctas = __ffs(ctas) - 1;
-        const int pieces_per_owner = Cfg::kPieces >> log2_ctas;
-        if (ctas > 1) {
+        // The dQ pieces go to their owners (piece p to CTA p mod C, this one too), whose dK warpgroup sums them a
+        // step later; a CTA alone stores its dQ itself (distributed shared memory needs a cluster of two).
+        if (cluster > 1) {
+          // Rank and size read again here: the slot addresses derived from them are recomputed, not kept.
+          const int cta = int(cute::block_rank_in_cluster());
+          const int ctas = cluster_ctas();
+          const int log2_ctas = __ffs(ctas) - 1;
           if (own > 0) Cfg::Barrier::wait(&st.dq_empty[w], uint32_t((own - 1) & 1));
           CUTE_UNROLL
           for (int p = 0; p < Cfg::kPieces; ++p) {
             const int owner = p & (ctas - 1);
-            if (owner == cta) continue;
-            const int slot = cta * pieces_per_owner + (p >> log2_ctas);
+            const int slot = (cta << (Cfg::kLog2Pieces - log2_ctas)) + (p >> log2_ctas);
             CUTE_UNROLL
             for (int v = 0; v < Cfg::kPieceVectors; ++v) {
               const int e = p * Cfg::kPieceValues + 4 * v;
@@ -370,35 +367,12 @@ struct BwdSoftmax {
                       cluster_addr(dq_full, uint32_t(owner)));
             }
           }
-          const uint32_t dq_bytes = uint32_t(ctas - 1) * pieces_per_owner * Cfg::kPieceVectors * kThreads * sizeof(float4);
-          if (tid == 0) Cfg::TxBarrier::arrive_and_expect_tx(&st.dq_full[w], dq_bytes);
-          Cfg::TxBarrier::wait(&st.dq_full[w], uint32_t(own & 1));
-        }
-        Element* dq_rows = static_cast<Element*>(dq_op.ptr) + dq_op.offset(item.b, h, m0, 0);
-        CUTE_UNROLL
-        for (int p = 0; p < Cfg::kPieces; ++p) {
-          if ((p & (ctas - 1)) != cta) continue;
+        } else {
+          const DqRows<Cfg> rows(prob, item.b, h, m0);
           CUTE_UNROLL
-          for (int v = 0; v < Cfg::kPieceVectors; ++v) {
-            const int e = p * Cfg::kPieceValues + 4 * v;
-            float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            CUTE_UNROLL
-            for (int c = 0; c < Cfg::kMaxCluster; ++c) {
-              if (c >= ctas) continue;
-              const int slot = c * pieces_per_owner + (p >> log2_ctas);
-              const float4 x = c == cta ? make_float4(tdQrdQ(e), tdQrdQ(e + 1), tdQrdQ(e + 2), tdQrdQ(e + 3))
-                                              : load_shared_f4(smem_addr(&st.dq[w][slot][v][tid]));
-              sum = add_f4(sum, x);
-            }
-            // Values e, e + 1 are one row's adjacent columns, e + 2, e + 3 the row 8 below's.
-            const int r0 = get<0>(tdQcdQ(e)), r1 = get<0>(tdQcdQ(e + 2)), d = get<1>(tdQcdQ(e));
-            if (m0 + r0 < prob.Sq) store_scaled(dq_rows + r0 * dq_op.sr + d, sum.x, sum.y, prob.scale, dq_vector);
-            if (m0 + r1 < prob.Sq) store_scaled(dq_rows + r1 * dq_op.sr + d, sum.z, sum.w, prob.scale, dq_vector);
+          for (int e = 0; e < size(tdQrdQ); e += 4) {
+            rows.store(tdQcdQ, e, make_float4(tdQrdQ(e), tdQrdQ(e + 1), tdQrdQ(e + 2), tdQrdQ(e + 3)));
           }
-        }
-        if (ctas > 1) {  // the slots are read (their values stored above): lane c frees them in CTA c
-          __syncwarp();
-          Cfg::Barrier::arrive(&st.dq_empty[w], uint32_t(lane), lane < ctas && lane != cta);
         }
         ++own;
       }

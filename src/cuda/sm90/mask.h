@@ -27,12 +27,12 @@ struct ChunkMask {
   CUTE_HOST_DEVICE int row_end(int64_t i) const { return int(keys.col_end(i)); }
 
   // Chunks of this CTA that some row of the block from row m0 sees: a prefix, [0, kChunks]. (32-bit: the
-  // keys of a cluster, and the chunks, are few; the cluster size is a power of two.)
+  // keys of a cluster, and the chunks, are few.)
   CUTE_HOST_DEVICE int live(int64_t m0) const {
     const int64_t last = (m0 + kBlockM < keys.Sq ? m0 + kBlockM : keys.Sq) - 1;
     const int seen = (row_end(last) + kChunk - 1) / kChunk;  // cluster-wide chunks with a seen key
     if (seen <= rank) return 0;
-    const int mine = (seen - rank + cluster - 1) >> (__builtin_ctz(cluster));
+    const int mine = (seen - rank + cluster - 1) / cluster;
     return mine < kChunks ? mine : kChunks;
   }
   // Whether a row of the block misses a key of its `live` chunks (the block's first row sees the fewest).

@@ -52,11 +52,14 @@ bool on_hopper() {
          major == kHopperMajor;
 }
 
-// The fused forward: 16-bit, D = 128, q, k and p in TMA reach (P is stored by TMA).
+// The fused forward: 16-bit, D = 128, q, k and p in TMA reach (P is stored by TMA), and P's rows a whole number
+// of 16-byte units: a TMA store clips a row at 16-byte granularity (on the H200, P rows of 63 keys in rows
+// padded to 64 had the padding written).
 bool sm90_forward_eligible(const Problem& prob) {
   const size_t e = dtype_size(prob.dtype);
   return prob.pass == Pass::kForward && prob.dtype != DType::kFloat32 && prob.D == kSm90HeadDim &&
-         tma_compatible(prob.q, e) && tma_compatible(prob.k, e) && tma_compatible(prob.out_p, e);
+         (prob.Sk * int64_t(e)) % kTmaAlignmentBytes == 0 && tma_compatible(prob.q, e) &&
+         tma_compatible(prob.k, e) && tma_compatible(prob.out_p, e);
 }
 
 bool sm90_tma_ready(const Problem& prob) {

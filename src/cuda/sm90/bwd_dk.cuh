@@ -27,8 +27,7 @@ struct BwdDk {
   __device__ void run(StagePipeline& stage_pipe, const Mask& mask) {
     const Problem& prob = params.prob;
     const int tid = threadIdx.x % Cfg::kWarpgroupThreads;
-    const int row_blocks = int((prob.Sq + Cfg::kBlockM - 1) / Cfg::kBlockM);
-    const int steps = row_blocks * int(prob.group());
+    const ItemSteps<Cfg::kBlockM> steps(prob);
 
     Tensor sdSt = make_tensor(make_smem_ptr(st.dp.data()), typename Cfg::SmemLayoutPt{});  // (BN, BM, ST)
     Tensor sQt = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQt{});    // (D, BM, ST)
@@ -52,19 +51,16 @@ struct BwdDk {
     };
 
     const bool reduce = params.cluster > 1;
-    const auto step_rows = [&](const WorkItem& item, int t) {  // (query head, first row) of step t of an item
-      return std::pair{item.kv_head * prob.group() + t / row_blocks, int64_t(t % row_blocks) * Cfg::kBlockM};
-    };
     int64_t g0 = 0;
     PersistentScheduler sched(params.work, params.heads, prob.Hk, params.cluster);
-    for (WorkItem item; sched.next(item); g0 += steps) {
+    for (WorkItem item; sched.next(item); g0 += steps.count) {
       clear(tdKrdK);
       mma.accumulate_ = GMMA::ScaleOut::One;
-      for (int t = 0; t < steps; ++t) {
+      for (int t = 0; t < steps.count; ++t) {
         const int64_t g = g0 + t;
         const int stage = int(g % Cfg::kStages);
         Cfg::Barrier::wait(&st.ds_full[stage], uint32_t((g / Cfg::kStages) & 1));
-        const int live = mask.live(step_rows(item, t).second);
+        const int live = mask.live(steps.row0(t));
         if (live > 2) {
           issue(stage, Int<2>{});
         } else if (live > 0) {
@@ -73,15 +69,10 @@ struct BwdDk {
         warpgroup_wait<0>();
         warpgroup_fence_operand(tdKrdK);
         stage_pipe.consumer_release(state_of<StagePipeline>(g));
-        if (reduce && t > 0) {
-          const auto [h, m0] = step_rows(item, t - 1);
-          reduce_dq(g - 1, item.b, h, m0, tid);
-        }
+        if (reduce && t > 0) reduce_dq(g - 1, item.b, steps.head(item, t - 1), steps.row0(t - 1), tid);
       }
-      if (reduce && steps > 0) {
-        const auto [h, m0] = step_rows(item, steps - 1);
-        reduce_dq(g0 + steps - 1, item.b, h, m0, tid);
-      }
+      const int last = steps.count - 1;
+      if (reduce && last >= 0) reduce_dq(g0 + last, item.b, steps.head(item, last), steps.row0(last), tid);
       store(item, mask, tdKrdK, tdKcdK);
     }
   }

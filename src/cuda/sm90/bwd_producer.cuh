@@ -26,8 +26,7 @@ struct BwdProducer {
   __device__ void run(StagePipeline& stage_pipe, KPipeline& k_pipe, const Mask& mask) {
     const Problem& prob = params.prob;
     const auto& tma = params.tma;
-    const int row_blocks = int((prob.Sq + Cfg::kBlockM - 1) / Cfg::kBlockM);
-    const int steps = row_blocks * int(prob.group());
+    const ItemSteps<Cfg::kBlockM> steps(prob);
 
     Tensor sQ = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQ{});   // (BM, D, ST)
     Tensor sK = make_tensor(make_smem_ptr(st.k.data()), typename Cfg::SmemLayoutK{});   // (BN, D)
@@ -54,10 +53,10 @@ struct BwdProducer {
       }
       ++k_state;
 
-      for (int t = 0; t < steps; ++t) {
-        const int64_t h = item.kv_head * prob.group() + t / row_blocks;
-        const int mb = t % row_blocks;
-        const int live = mask.live(int64_t(mb) * Cfg::kBlockM);
+      for (int t = 0; t < steps.count; ++t) {
+        const int64_t h = steps.head(item, t);
+        const int mb = int(steps.row0(t) / Cfg::kBlockM);
+        const int live = mask.live(steps.row0(t));
         stage_pipe.producer_acquire(stage_state);  // expects the Q tile's bytes
         if (live > 0) {
           stage_pipe.producer_expect_transaction(stage_state, uint32_t(live) * Cfg::kPChunkBytes * (Cfg::kSavedP ? 2 : 1));

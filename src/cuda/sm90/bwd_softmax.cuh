@@ -81,8 +81,7 @@ struct BwdSoftmax {
     const int lane = tid % 32;
     const int cluster = params.cluster;
     const uint32_t rank = uint32_t(mask.rank);
-    const int row_blocks = int((prob.Sq + kBlockM - 1) / kBlockM);
-    const int steps = row_blocks * int(prob.group());
+    const ItemSteps<kBlockM> steps(prob);
     const float scale_log2 = prob.scale * kLog2e;
     const bool lse_given = !kSavedP && prob.lse.present();
     const Operand& lse_op = prob.lse;
@@ -145,13 +144,13 @@ struct BwdSoftmax {
     int64_t g0 = 0;  // global index of the item's first step
     auto k_state = cutlass::PipelineState<1>{};
     PersistentScheduler sched(params.work, params.heads, prob.Hk, cluster);
-    for (WorkItem item; sched.next(item); g0 += steps) {
+    for (WorkItem item; sched.next(item); g0 += steps.count) {
       k_pipe.consumer_wait(k_state);
-      for (int t = int((g0 + w) & 1); t < steps; t += Cfg::kSoftmaxWarpgroups) {
+      for (int t = int((g0 + w) & 1); t < steps.count; t += Cfg::kSoftmaxWarpgroups) {
         const int64_t g = g0 + t;
         const int stage = int(g % Cfg::kStages);
-        const int64_t h = item.kv_head * prob.group() + t / row_blocks;
-        const int64_t m0 = int64_t(t % row_blocks) * kBlockM;
+        const int64_t h = steps.head(item, t);
+        const int64_t m0 = steps.row0(t);
         const int live = mask.live(m0);
         const bool masked = live < kChunks || mask.cuts(m0, live);
         stage_pipe.consumer_wait(state_of<StagePipeline>(g));
@@ -210,14 +209,21 @@ struct BwdSoftmax {
             const int64_t i = m0 + get<0>(tScS_rc(ri, 0));
             Lanes<kReduceLanes> m(-INFINITY), sum(0.0f), dot(0.0f);
             const int end = mask.row_end(i);
-            const auto for_each_live = [&](auto&& f) {  // f(ci, keep) over the live chunks' columns
+            // f(ci, keep) over the live chunks' columns; only a chunk that some row of the block does not see
+            // whole (the diagonal's, or past Sk) pays for per-element compares.
+            const auto for_each_live = [&](auto&& f) {
               CUTE_UNROLL
               for (int u = 0; u < kChunks; ++u) {
                 if (is_masked && u >= live) continue;
                 const int key_base = mask.key0(u) - u * kChunk;  // key of tile column n: key_base + n
-                CUTE_UNROLL
-                for (int ci = u * kColsPerChunk; ci < (u + 1) * kColsPerChunk; ++ci) {
-                  f(ci, !is_masked || key_base + get<1>(tScS_rc(ri, ci)) < end);
+                if (is_masked && mask.partial(m0, u)) {
+                  CUTE_UNROLL
+                  for (int ci = u * kColsPerChunk; ci < (u + 1) * kColsPerChunk; ++ci) {
+                    f(ci, key_base + get<1>(tScS_rc(ri, ci)) < end);
+                  }
+                } else {
+                  CUTE_UNROLL
+                  for (int ci = u * kColsPerChunk; ci < (u + 1) * kColsPerChunk; ++ci) f(ci, true);
                 }
               }
             };
@@ -313,9 +319,10 @@ struct BwdSoftmax {
                 continue;
               }
               const int key_base = mask.key0(u) - u * kChunk;  // key of tile column n: key_base + n
+              const bool partial = is_masked && mask.partial(m0, u);
               CUTE_UNROLL
               for (int ci = u * kColsPerChunk; ci < (u + 1) * kColsPerChunk; ++ci) {
-                const bool keep = !is_masked || key_base + get<1>(tScS_rc(ri, ci)) < end;
+                const bool keep = !partial || key_base + get<1>(tScS_rc(ri, ci)) < end;
                 const float p = tSrS_rc(ri, ci) * factor[ri];
                 tSrdS_rc(ri, ci) = Element(keep ? p * (float(tSrdP_rc(ri, ci)) - delta[ri]) : 0.0f);
               }
@@ -355,16 +362,18 @@ struct BwdSoftmax {
           const int ctas = cluster_ctas();
           const int log2_ctas = __ffs(ctas) - 1;
           if (own > 0) Cfg::Barrier::wait(&st.dq_empty[w], uint32_t((own - 1) & 1));
+          constexpr uint32_t kVectorBytes = kThreads * sizeof(float4);  // between a slot's vectors
           CUTE_UNROLL
           for (int p = 0; p < Cfg::kPieces; ++p) {
-            const int owner = p & (ctas - 1);
+            const uint32_t owner = uint32_t(p & (ctas - 1));
             const int slot = (cta << (Cfg::kLog2Pieces - log2_ctas)) + (p >> log2_ctas);
+            const uint32_t remote = cluster_addr(smem_addr(&st.dq[w][slot][0][tid]), owner);
+            const uint32_t remote_full = cluster_addr(dq_full, owner);
             CUTE_UNROLL
             for (int v = 0; v < Cfg::kPieceVectors; ++v) {
               const int e = p * Cfg::kPieceValues + 4 * v;
-              push_f4(cluster_addr(smem_addr(&st.dq[w][slot][v][tid]), uint32_t(owner)),
-                      make_float4(tdQrdQ(e), tdQrdQ(e + 1), tdQrdQ(e + 2), tdQrdQ(e + 3)),
-                      cluster_addr(dq_full, uint32_t(owner)));
+              push_f4(remote + v * kVectorBytes, make_float4(tdQrdQ(e), tdQrdQ(e + 1), tdQrdQ(e + 2), tdQrdQ(e + 3)),
+                      remote_full);
             }
           }
         } else {

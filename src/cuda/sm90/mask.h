@@ -35,9 +35,11 @@ struct ChunkMask {
     const int mine = (seen - rank + cluster - 1) / cluster;
     return mine < kChunks ? mine : kChunks;
   }
+  // Whether a row of the block from row m0 misses a key of chunk u (the block's first row sees the fewest).
+  CUTE_HOST_DEVICE bool partial(int64_t m0, int u) const { return key0(u) + kChunk > row_end(m0); }
   // Whether a row of the block misses a key of its `live` chunks (the block's first row sees the fewest).
   CUTE_HOST_DEVICE bool cuts(int64_t m0, int live) const {
-    return live > 0 && key0(live - 1) + kChunk > row_end(m0);
+    return live > 0 && partial(m0, live - 1);
   }
 };
 

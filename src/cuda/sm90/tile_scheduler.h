@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "problem.h"
+
 namespace qksoftmax::cuda::sm90 {
 
 struct WorkItem {
@@ -30,6 +32,21 @@ class PersistentScheduler {
 
  private:
   int64_t work_, heads_, hk_, next_, stride_;
+};
+
+// The steps of a work item, in order: (query head of the key head's group, block of kBlockM rows), the row
+// blocks of each query head in turn.
+template <int kBlockM>
+struct ItemSteps {
+  int row_blocks;  // per query head
+  int group;       // query heads per key head
+  int count;       // steps per item (the launch checks that it fits 32 bits)
+
+  CUTE_HOST_DEVICE explicit ItemSteps(const Problem& prob)
+      : row_blocks(int((prob.Sq + kBlockM - 1) / kBlockM)), group(int(prob.group())), count(row_blocks * group) {}
+
+  CUTE_HOST_DEVICE int64_t head(const WorkItem& item, int t) const { return item.kv_head * group + t / row_blocks; }
+  CUTE_HOST_DEVICE int64_t row0(int t) const { return int64_t(t % row_blocks) * kBlockM; }
 };
 
 }  // namespace qksoftmax::cuda::sm90

@@ -115,6 +115,10 @@ CaseResult run_cpu_case(const CliOptions& options, const CaseSpec& spec, const S
 }  // namespace
 
 Result run_cpu(const CliOptions& options, Report* report) {
+  if (options.suite_given && options.cases.empty()) {
+    return Result("--suite " + options.suite + ": the suites run on a CUDA GPU; the CPU backend runs a small case "
+                  "(no --suite) or the --case shapes");
+  }
   report->env.gpu = "none (CPU backend)";
   const std::vector<Suite> suites =
       options.cases.empty() ? std::vector<Suite>{{kSuiteCpu, {kSmallCase}}} : selected_suites(options);

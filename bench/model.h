@@ -79,7 +79,4 @@ double gemm_flops_per_s(DType dtype, const Ceilings& ceilings);
 // max(bytes / copy bandwidth, flops / GEMM rate), in µs.
 double sol_us(const Cost& cost, DType dtype, const Ceilings& ceilings);
 
-// The accuracy bound of CONTRACT.md section 5 (relative Frobenius error).
-double error_threshold(DType dtype);
-
 }  // namespace qkbench

@@ -33,6 +33,7 @@ import argparse
 import datetime
 import json
 import math
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -44,7 +45,11 @@ SUITES = {
     "long": [(1, 16, s, 128) for s in (2048, 4096, 8192, 16384, 32768)],
 }
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-THRESHOLDS = {"bf16": 1e-2, "fp16": 2e-3, "fp32": 1e-5}
+# The accuracy bar of the C++ bench and the tests (tests/common/accuracy.h), by the bench's dtype names.
+_ACCURACY = dict(re.findall(r'\{DType::k\w+, "(\w+)", ([0-9.e+-]+)\}',
+                            (Path(__file__).resolve().parents[1] / "tests" / "common" / "accuracy.h").read_text()))
+THRESHOLDS = {short: float(_ACCURACY[name]) for short, name in
+              {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.items()}
 IMPLS = {"eager": ("torch_eager", "saved_p"), "compile": ("torch_compile", "saved_p"),
          "autograd": ("torch_autograd", "recompute"),
          "eager_fwd": ("torch_eager", "forward"), "compile_fwd": ("torch_compile", "forward"),

@@ -24,7 +24,7 @@ reference::Dims dims_of(const Case& c) {
 
 double cpu_bound(DType dtype) {
   if (dtype == DType::kFloat64) return kCpuFp64Bound;
-  const double bound = std::min(rounding_tolerance(dtype), contract_tolerance(dtype));
+  const double bound = std::min(rounding_tolerance(dtype), accuracy::bound(dtype));
   return dtype == DType::kFloat32 ? std::min(bound, kCpuFp32Bound) : bound;
 }
 

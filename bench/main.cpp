@@ -1,5 +1,5 @@
 // qksoftmax-bench: ceilings, correctness check and timing of qksoftmax (and the unfused cuBLAS baseline)
-// under the SOL model of CONTRACT.md section 6; results as CONTRACT.md section 7.
+// under the SOL model of docs/SPEC.md section 6; results as its section 7 says.
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>

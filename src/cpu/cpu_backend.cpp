@@ -1,4 +1,4 @@
-// The CPU backend: the contract's math in fp64, on any strides, on every core.
+// The CPU backend: the math of docs/SPEC.md in fp64, on any strides, on every core.
 //
 // Work is split into tasks of kRowsPerTask rows of one head; a task reads its inputs, writes only its own
 // output rows, and uses scratch that it initialises itself, so no result depends on which thread runs it or

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 
 #include "test_util.h"
 #if QKSOFTMAX_TEST_CUDA

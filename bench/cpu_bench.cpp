@@ -117,7 +117,7 @@ Result run_case(const CliOptions& options, const CaseSpec& spec, const StageFn& 
   const TensorSet set = carve_set(spec, memory.get());
   stage("making inputs");
   QKB_TRY(make_inputs(spec, set));
-  stage("checking against a direct fp64 computation");
+  stage("checking against the fp64 reference");
   QKB_TRY(checked_call(options, spec, set, &out->errors));
   out->failure = verdict(out->errors, spec.dtype);
   if (!out->passed()) return {};

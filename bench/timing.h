@@ -1,4 +1,4 @@
-// Timing by CUDA events, as CONTRACT.md section 6 says: warm-up calls first, then timed calls issued back
+// Timing by CUDA events, as docs/SPEC.md section 6 says: warm-up calls first, then timed calls issued back
 // to back on one stream with an event between consecutive calls (so launch overhead hides behind the
 // previous call as in real use); a call's time is the difference of its two events; the median is reported.
 // The only synchronisation is on the last event.
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "result.h"
+#include "results.h"
 
 namespace qkbench {
 
@@ -27,8 +28,6 @@ using EnqueueCall = std::function<Result(int set)>;
 // events measure the host.
 Result time_calls(cudaStream_t stream, const TimingPlan& plan, const EnqueueCall& call, std::vector<double>* us,
                   std::vector<double>* host_us = nullptr);
-
-double median(std::vector<double> values);
 
 // time_calls, then the medians, in µs.
 Result median_call_us(cudaStream_t stream, const TimingPlan& plan, const EnqueueCall& call, double* us,

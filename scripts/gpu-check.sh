@@ -194,8 +194,8 @@ if has_stage profile; then
 fi
 
 if has_stage host; then  # host time per call of each layer of the torch path (docs/PYTORCH.md, "Host time")
-  if PYTHONPATH=python run_logged host python3 bench/host_time.py; then
-    record host info "$(grep 'fast path' "$LOGS/host.log" | sed -E 's/ +/ /g')"
+  if PYTHONPATH=python run_logged host python3 bench/host_time.py --json "$OUT/h200-host.json"; then
+    record host info "$(grep 'goal' "$LOGS/host.log" | sed -E 's/ +/ /g' | paste -sd ';')"
   else
     record host FAIL "see logs/host.log"
   fi

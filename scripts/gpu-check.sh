@@ -16,7 +16,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/gpu-check}
-STAGES=${STAGES:-"build smoke ctest bench peers host sanitize sass profile pytest"}
+STAGES=${STAGES:-"build smoke ctest bench peers host hf sanitize sass profile pytest"}
 BUDGET_S=${BUDGET_S:-100000}
 CMAKE_ARGS=${CMAKE_ARGS:-}
 CTEST_ARGS=${CTEST_ARGS:-}  # e.g. "-R D128" for the Hopper cases only
@@ -198,6 +198,15 @@ if has_stage host; then  # host time per call of each layer of the torch path (d
     record host info "$(grep 'goal' "$LOGS/host.log" | sed -E 's/ +/ /g' | paste -sd ';')"
   else
     record host FAIL "see logs/host.log"
+  fi
+fi
+
+if has_stage hf; then  # the transformers attention backend: its test, and a training step against eager attention
+  if PYTHONPATH=python run_logged hf-test python3 -m pytest tests/python/test_transformers.py -q -rs -p no:cacheprovider &&
+     PYTHONPATH=python run_logged hf python3 bench/transformers_step.py --json "$OUT/h200-transformers.json"; then
+    record hf info "$(grep 'vs eager' "$LOGS/hf.log" | sed -E 's/ +/ /g' | paste -sd ';')"
+  else
+    record hf FAIL "see logs/hf-test.log, logs/hf.log"
   fi
 fi
 

@@ -16,8 +16,6 @@ through the ops; then PyTorch's reference ops. --json writes the figures as a re
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -26,6 +24,7 @@ import torch
 
 import qksoftmax
 from qksoftmax import _C, _core, _frames, _ops
+from results_file import write_results
 
 SHAPE = (1, 1, 128, 128)  # (B, H, S, D)
 CPU_SHAPE = (1, 1, 16, 16)  # the CPU backend computes in fp64 on the host: keep its work small
@@ -135,22 +134,9 @@ def main() -> None:
             run["goal_us"] = goal
         runs.append(run)
     if args.json:
-        result = {
-            "gpu": gpu,
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "command": f"PYTHONPATH=python python3 bench/host_time.py --device {args.device} --calls {args.calls} "
-                       f"--repeats {args.repeats} --json {args.json}",
-            "torch": torch.__version__,
-            "qksoftmax_version": qksoftmax.__version__,
-            "shape": dict(zip("BHSD", shape)),
-            "dtype": "bf16" if args.device == "cuda" else "fp32",
-            "calls_per_round": args.calls,
-            "rounds": args.repeats,
-            "runs": runs,
-        }
-        with open(args.json, "w") as file:
-            json.dump(result, file, indent=1)
-            file.write("\n")
+        write_results(args.json, gpu, runs, shape=dict(zip("BHSD", shape)),
+                      dtype="bf16" if args.device == "cuda" else "fp32", calls_per_round=args.calls,
+                      rounds=args.repeats)
 
 
 if __name__ == "__main__":

@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
-import json
 import statistics
 
 import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import qksoftmax
 from qksoftmax.integrations import transformers as qk_transformers
+from results_file import write_results
 
 HEAD_DIM = 128
 VOCAB = 4096
@@ -108,20 +106,8 @@ def main() -> None:
             by_impl[qk_transformers.NAME]["speedup_vs_eager"] = speedup
             print(f"{name:6} qksoftmax vs eager, output_attentions=True: {speedup:.2f}x", flush=True)
     if args.json:
-        result = {
-            "gpu": torch.cuda.get_device_name(),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "command": f"PYTHONPATH=python python3 bench/transformers_step.py --configs {args.configs} "
-                       f"--impls {args.impls} --steps {args.steps} --warmup {args.warmup} --json {args.json}",
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "qksoftmax_version": qksoftmax.__version__,
-            "step": "forward (output_attentions=True but for sdpa), causal LM loss, backward, SGD step; bf16",
-            "runs": runs,
-        }
-        with open(args.json, "w") as file:
-            json.dump(result, file, indent=1)
-            file.write("\n")
+        write_results(args.json, torch.cuda.get_device_name(), runs, transformers=transformers.__version__,
+                      step="forward (output_attentions=True but for sdpa), causal LM loss, backward, SGD step; bf16")
 
 
 if __name__ == "__main__":

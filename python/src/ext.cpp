@@ -59,8 +59,9 @@ struct Torch {
 };
 
 const Torch* torch_api() {
-  static std::optional<Torch> api;  // filled once, under the GIL
-  if (api) return &*api;
+  // Filled once, under the GIL, and never freed: Python objects must not be released after the interpreter.
+  static const Torch* api = nullptr;
+  if (api) return api;
   PyObject* module = PyImport_GetModule(nb::str("torch").ptr());
   if (module == nullptr) {
     if (PyErr_Occurred()) throw nb::python_error();
@@ -78,8 +79,8 @@ const Torch* torch_api() {
     if (interned == nullptr) throw nb::python_error();
     *field = nb::steal(interned);
   }
-  api = std::move(t);
-  return &*api;
+  api = new Torch(std::move(t));
+  return api;
 }
 
 nb::object attribute(nb::handle obj, const nb::object& name) {

@@ -284,8 +284,9 @@ Status DeviceScope::enter(int device) {
   if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) {
     return cuda_error(err, "cannot make CUDA device " + std::to_string(device) + " current");
   }
-  // Restored as the driver's context, not with cudaSetDevice: a thread that had none gets none back, and no
-  // device gets a context it did not have.
+  // Restored as the driver's context, not with cudaSetDevice, which would create a context on a device the
+  // thread never used: a thread that had no context gets none back (the runtime's device of such a thread is
+  // then this call's, as after torch's own device guard).
   previous_context_ = previous;
   changed_ = true;
   return {};

@@ -113,8 +113,11 @@ def check_backward(frame: Frame, q: Any, k: Any, dp: Any, p: Any, lse: Any) -> N
         _check_operand(frame, "lse", lse, frame.float32, LSE_DIMS, shape[:-1])
 
 
-def forward(runner: Runner, where: str, q: Any, k: Any, scale: float | None, causal: bool) -> tuple[Any, Any]:
-    """(p, lse) of q and k, allocated in q's framework and on its device (scale and causal checked)."""
+def forward(
+    runner: Runner, where: str, q: Any, k: Any, scale: float | None, causal: bool, explain: bool = True
+) -> tuple[Any, Any]:
+    """(p, lse) of q and k, allocated in q's framework and on its device (scale and causal checked). A refusal
+    is explained by the checks, or left as the C++ API's (explain=False: the ops)."""
     try:
         shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
         q_in, k_in = runner.prepare(q), runner.prepare(k)
@@ -122,21 +125,33 @@ def forward(runner: Runner, where: str, q: Any, k: Any, scale: float | None, cau
         lse = runner.empty(q, shape[:-1], runner.float32)
         runner.launch(_C.plan_forward(q_in, k_in, p, lse, scale, causal), q)
     except CALL_ERRORS:
-        check_forward(runner.frame(where, q), q, k)
+        if explain:
+            check_forward(runner.frame(where, q), q, k)
         raise
     return p, lse
 
 
 def backward(
-    runner: Runner, where: str, q: Any, k: Any, dp: Any, p: Any, lse: Any, scale: float | None, causal: bool
+    runner: Runner,
+    where: str,
+    q: Any,
+    k: Any,
+    dp: Any,
+    p: Any,
+    lse: Any,
+    scale: float | None,
+    causal: bool,
+    explain: bool = True,
 ) -> tuple[Any, Any]:
-    """(dq, dk) from dp: saved-P mode when p is given, recompute mode otherwise (scale and causal checked)."""
+    """(dq, dk) from dp: saved-P mode when p is given, recompute mode otherwise (scale and causal checked). A
+    refusal is explained as forward's is."""
     try:
         dq = runner.empty(q, tuple(q.shape), q.dtype)
         dk = runner.empty(q, tuple(k.shape), q.dtype)
         inputs = (None if x is None else runner.prepare(x) for x in (q, k, dp, p, lse))
         runner.launch(_C.plan_backward(*inputs, dq, dk, scale, causal), q)
     except CALL_ERRORS:
-        check_backward(runner.frame(where, q), q, k, dp, p, lse)
+        if explain:
+            check_backward(runner.frame(where, q), q, k, dp, p, lse)
         raise
     return dq, dk

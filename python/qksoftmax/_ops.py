@@ -96,7 +96,7 @@ def check_save(where: str, save: object) -> None:
 @torch.library.custom_op(FORWARD_OP, mutates_args=())
 def forward_op(q: Tensor, k: Tensor, scale: Optional[float], causal: bool, save: str) -> tuple[Tensor, Tensor]:
     check_save(FORWARD_OP, save)
-    return run_forward(TORCH, FORWARD_OP, q, k, scale, causal)
+    return run_forward(TORCH, FORWARD_OP, q, k, scale, causal, explain=False)
 
 
 @forward_op.register_fake
@@ -110,14 +110,14 @@ def _forward_fake(q: Tensor, k: Tensor, scale: Optional[float], causal: bool, sa
 def backward_recompute_op(
     q: Tensor, k: Tensor, dp: Tensor, lse: Optional[Tensor], scale: Optional[float], causal: bool
 ) -> tuple[Tensor, Tensor]:
-    return run_backward(TORCH, BACKWARD_RECOMPUTE_OP, q, k, dp, None, lse, scale, causal)
+    return run_backward(TORCH, BACKWARD_RECOMPUTE_OP, q, k, dp, None, lse, scale, causal, explain=False)
 
 
 @torch.library.custom_op(BACKWARD_SAVED_P_OP, mutates_args=())
 def backward_saved_p_op(
     q: Tensor, k: Tensor, p: Tensor, dp: Tensor, scale: Optional[float], causal: bool
 ) -> tuple[Tensor, Tensor]:
-    return run_backward(TORCH, BACKWARD_SAVED_P_OP, q, k, dp, p, None, scale, causal)
+    return run_backward(TORCH, BACKWARD_SAVED_P_OP, q, k, dp, p, None, scale, causal, explain=False)
 
 
 def _gradients_fake(where: str, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:

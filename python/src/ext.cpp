@@ -55,7 +55,8 @@ void check(const qksoftmax::Status& status) {
 struct Torch {
   nb::object tensor_type;
   std::array<nb::object, kDTypes> dtypes;  // torch.bfloat16, float16, float32, float64
-  nb::object data_ptr, shape, stride, dtype, is_cuda, is_cpu, get_device, device;
+  nb::object strided;                      // the layout of a dense tensor
+  nb::object data_ptr, shape, stride, dtype, is_cuda, is_cpu, get_device, device, layout;
 };
 
 const Torch* torch_api() {
@@ -72,9 +73,10 @@ const Torch* torch_api() {
   t.tensor_type = torch.attr("Tensor");
   const char* dtype_names[kDTypes] = {"bfloat16", "float16", "float32", "float64"};
   for (int i = 0; i < kDTypes; ++i) t.dtypes[size_t(i)] = torch.attr(dtype_names[i]);
+  t.strided = torch.attr("strided");
   for (auto [field, name] : {std::pair{&t.data_ptr, "data_ptr"}, {&t.shape, "shape"}, {&t.stride, "stride"},
                              {&t.dtype, "dtype"}, {&t.is_cuda, "is_cuda"}, {&t.is_cpu, "is_cpu"},
-                             {&t.get_device, "get_device"}, {&t.device, "device"}}) {
+                             {&t.get_device, "get_device"}, {&t.device, "device"}, {&t.layout, "layout"}}) {
     PyObject* interned = PyUnicode_InternFromString(name);
     if (interned == nullptr) throw nb::python_error();
     *field = nb::steal(interned);
@@ -132,8 +134,15 @@ qksoftmax::TensorDesc describe_torch(const Torch& torch, nb::handle t, const cha
     desc.shape[i] = to_int64(PyTuple_GET_ITEM(shape.ptr(), Py_ssize_t(i)));
     desc.stride[i] = to_int64(PyTuple_GET_ITEM(strides.ptr(), Py_ssize_t(i)));
   }
-  const nb::object address = call_method(t, torch.data_ptr);
-  desc.data = PyLong_AsVoidPtr(address.ptr());
+  PyObject* address = PyObject_CallMethodNoArgs(t.ptr(), torch.data_ptr.ptr());
+  if (address == nullptr) {  // sparse and other layouts have no data pointer to describe
+    nb::python_error error;
+    const nb::object layout = attribute(t, torch.layout);
+    if (layout.is(torch.strided)) throw error;
+    raise(PyExc_TypeError, std::string(name) + " must be a strided (dense) torch.Tensor, got layout " +
+                               nb::cast<std::string>(nb::str(layout)));
+  }
+  desc.data = PyLong_AsVoidPtr(nb::steal(address).ptr());
   if (desc.data == nullptr && PyErr_Occurred()) throw nb::python_error();
   return desc;
 }

@@ -14,7 +14,7 @@ namespace qksoftmax::cuda {
 Status locate(Problem* problem);
 
 // Makes a device current for the scope's lifetime, restoring the thread's previous context (or none)
-// afterwards, and forgets TMA failures left by earlier calls on this thread.
+// afterwards, and forgets the last CUDA error and the TMA failures left by earlier calls on this thread.
 class DeviceScope {
  public:
   DeviceScope() = default;

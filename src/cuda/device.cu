@@ -272,6 +272,9 @@ DeviceScope::~DeviceScope() {
 
 Status DeviceScope::enter(int device) {
   tma_failure = {};
+  // A launch's error is read back as the thread's last error: one that an earlier runtime call left there (the
+  // caller's failed cudaMalloc, say), already returned by that call, must not be taken for this call's.
+  cudaGetLastError();
   const Driver& d = driver();
   if (d.get_context == nullptr || d.set_context == nullptr) return d.unavailable();
   CUcontext previous = nullptr;

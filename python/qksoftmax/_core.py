@@ -119,7 +119,8 @@ def forward(
     """(p, lse) of q and k, allocated in q's framework and on its device (scale and causal checked). A refusal
     is explained by the checks, or left as the C++ API's (explain=False: the ops)."""
     try:
-        shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        q_shape = q.shape
+        shape = (q_shape[0], q_shape[1], q_shape[2], k.shape[2])
         q_in, k_in = runner.prepare(q), runner.prepare(k)
         p = runner.empty(q, shape, q.dtype)
         lse = runner.empty(q, shape[:-1], runner.float32)

@@ -164,23 +164,29 @@ forward_op.register_autograd(_backward, setup_context=_setup_context)
 _PLAIN_TYPES = (Tensor, torch.nn.Parameter)
 
 
+try:
+    _dispatch_modes = torch._C._len_torch_dispatch_stack
+    _function_modes = torch._C._is_torch_function_mode_enabled
+    _transforms = torch._C._functorch.peek_interpreter_stack
+except AttributeError:  # this torch cannot tell: the ops are always right
+    _dispatch_modes = _function_modes = _transforms = None
+
+
 def _modes_active() -> bool:
     """A dispatch or torch-function mode or a functorch transform is active (True when this torch cannot
-    tell: the ops are always right)."""
-    try:
-        return bool(
-            torch._C._len_torch_dispatch_stack()
-            or torch._C._is_torch_function_mode_enabled()
-            or torch._C._functorch.peek_interpreter_stack() is not None
-        )
-    except AttributeError:
+    tell)."""
+    if _dispatch_modes is None:
         return True
+    return bool(_dispatch_modes() or _function_modes() or _transforms() is not None)
 
 
 def plain_eager(*tensors: Optional[Tensor]) -> bool:
     """An eager call (the callers have asked torch.compiler.is_compiling() already) may skip the ops: plain
     tensors (no subclass: fake, functional, DTensor, ...), no mode or transform that would intercept the ops."""
-    return all(x is None or type(x) in _PLAIN_TYPES for x in tensors) and not _modes_active()
+    for x in tensors:
+        if x is not None and type(x) not in _PLAIN_TYPES:
+            return False
+    return not _modes_active()
 
 
 class _AttentionProbs(torch.autograd.Function):

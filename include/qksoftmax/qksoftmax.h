@@ -5,7 +5,7 @@
 // pointers (Device::kCPU, the fp64 CPU backend) and on device pointers (Device::kCUDA, asynchronous on
 // the given stream, never synchronising the device, never copying between host and device). A CUDA call
 // runs on the device of its tensors, whatever device is current in the calling thread, and leaves the
-// current device as it found it.
+// thread's current CUDA context as it found it.
 #pragma once
 
 #include <cstddef>

@@ -286,7 +286,7 @@ class MultiGpu : public GpuTest {
 };
 
 TEST_F(MultiGpu, RunsOnTheTensorsDeviceWhicheverIsCurrent) {
-  for (const auto [current, tensors] : {std::pair{0, 1}, {1, 0}}) {
+  for (const auto& [current, tensors] : {std::pair{0, 1}, {1, 0}}) {
     for (const int declared : {tensors, -1}) {
       SCOPED_TRACE("current cuda:" + std::to_string(current) + ", tensors on cuda:" + std::to_string(tensors) +
                    (declared < 0 ? " (looked up)" : " (declared)"));

@@ -1,4 +1,4 @@
-// The ceilings of the SOL model, measured on this GPU in this run (CONTRACT.md section 6).
+// The ceilings of the SOL model, measured on this GPU in this run (docs/SPEC.md, section 6).
 #pragma once
 
 #include <cublas_v2.h>

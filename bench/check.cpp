@@ -6,6 +6,7 @@
 #include <mutex>
 #include <thread>
 
+#include "accuracy.h"
 #include "dtype.h"
 
 namespace qkbench {
@@ -74,7 +75,7 @@ double relative_error(const void* out, DType dtype, const double* ref, int64_t n
 }
 
 std::string verdict(const std::vector<OutputError>& errors, DType dtype) {
-  const double bound = error_threshold(dtype);
+  const double bound = qksoftmax::accuracy::bound(dtype);
   std::string failed;
   for (const OutputError& e : errors) {
     if (e.rel_error <= bound) continue;  // false for NaN

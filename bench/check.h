@@ -1,4 +1,5 @@
-// Host-side checking: conversions, relative Frobenius errors and the verdict against the contract's bounds.
+// Host-side checking: conversions, relative Frobenius errors and the verdict against the accuracy bar
+// (tests/common/accuracy.h).
 #pragma once
 
 #include <cstddef>

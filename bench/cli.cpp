@@ -125,6 +125,7 @@ Result parse_cli(int argc, char** argv, CliOptions* out) {
       {"--suite", [&](std::string_view v) {
          if (suites_named(v).empty()) return Result("--suite wants seed16|long|all, got '" + std::string(v) + "'");
          o.suite = v;
+         o.suite_given = true;
          return Result();
        }},
       {"--case", [&](std::string_view v) {

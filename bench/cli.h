@@ -15,6 +15,7 @@ inline constexpr const char* kImplCublasUnfused = "cublas_unfused";
 
 struct CliOptions {
   std::string suite = "seed16";
+  bool suite_given = false;  // --suite was on the command line (the CPU path runs no suite, and says so)
   std::vector<Shape> cases;  // --case: replaces the suite (reported as suite "custom")
   std::vector<Mode> modes;
   std::vector<DType> dtypes;

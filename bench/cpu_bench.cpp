@@ -1,7 +1,10 @@
+#include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <vector>
 
 #include "check.h"
 #include "driver.h"
@@ -9,6 +12,7 @@
 #include "host_buffer.h"
 #include "paths.h"
 #include "reference.h"
+#include "results.h"
 
 namespace qkbench {
 namespace {
@@ -35,6 +39,30 @@ std::vector<double> to_doubles(const void* data, DType dtype, int64_t n) {
   return out;
 }
 
+using HostTensors = std::array<std::vector<double>, kRoleCount>;
+
+// The outputs of spec.mode by the fp64 reference (tests/common/reference.h), from the inputs of spec.mode:
+// forward P (dense, 0 where masked) and LSE; backward dQ and dK, P read in saved_p mode and recomputed
+// otherwise (a given LSE is not used). Scale 1/√D.
+void reference_outputs(const CaseSpec& spec, const HostTensors& in, HostTensors* out) {
+  namespace reference = qksoftmax::reference;
+  const Shape& s = spec.shape;
+  const reference::Dims dims{s.B, s.H, s.H, s.S, s.S, s.D, spec.mask == Mask::kCausal, 1 / std::sqrt(double(s.D))};
+  const auto input = [&](Role r) -> const std::vector<double>& { return in[size_t(r)]; };
+  const auto output = [&](Role r) -> std::vector<double>& { return (*out)[size_t(r)]; };
+  if (!is_backward(spec.mode)) {
+    reference::Forward fwd = reference::forward(dims, input(Role::kQ), input(Role::kK));
+    output(Role::kP) = std::move(fwd.p);
+    output(Role::kLse) = std::move(fwd.lse);
+    return;
+  }
+  const std::vector<double>* saved_p = reads_saved_p(spec.mode) ? &input(Role::kP) : nullptr;
+  reference::Gradients grads =
+      reference::backward(dims, input(Role::kQ), input(Role::kK), input(Role::kDp), saved_p, nullptr);
+  output(Role::kDq) = std::move(grads.dq);
+  output(Role::kDk) = std::move(grads.dk);
+}
+
 Result call_cpu(const CaseSpec& spec, const TensorSet& set) {
   size_t bytes = 0;
   QKB_TRY(library_result(library_workspace_bytes(spec, set, qksoftmax::Device::kCPU, &bytes), "workspace size"));
@@ -52,7 +80,7 @@ Result make_inputs(const CaseSpec& spec, const TensorSet& set) {
   return call_cpu(as_forward(spec), forward_set(set, p_scratch.get()));
 }
 
-// Poisons the outputs, calls, optionally perturbs, and compares everything with the direct fp64 reference.
+// Poisons the outputs, calls, optionally perturbs, and compares everything with the fp64 reference.
 Result checked_call(const CliOptions& options, const CaseSpec& spec, const TensorSet& set,
                     std::vector<OutputError>* errors) {
   for (Role r : output_roles(spec.mode))
@@ -64,7 +92,7 @@ Result checked_call(const CliOptions& options, const CaseSpec& spec, const Tenso
   HostTensors in, ref;
   for (Role r : input_roles(spec.mode))
     in[size_t(r)] = to_doubles(set[r], role_dtype(r, spec.dtype), role_elements(r, spec.shape));
-  reference(spec, in, &ref);
+  reference_outputs(spec, in, &ref);
   errors->clear();
   for (Role r : output_roles(spec.mode))
     errors->push_back({role_name(r), relative_error(set[r], role_dtype(r, spec.dtype), ref[size_t(r)].data(),
@@ -115,6 +143,10 @@ CaseResult run_cpu_case(const CliOptions& options, const CaseSpec& spec, const S
 }  // namespace
 
 Result run_cpu(const CliOptions& options, Report* report) {
+  if (options.suite_given && options.cases.empty()) {
+    return Result("--suite " + options.suite + ": the suites run on a CUDA GPU; the CPU backend runs a small case "
+                  "(no --suite) or the --case shapes");
+  }
   report->env.gpu = "none (CPU backend)";
   const std::vector<Suite> suites =
       options.cases.empty() ? std::vector<Suite>{{kSuiteCpu, {kSmallCase}}} : selected_suites(options);

@@ -16,7 +16,7 @@ namespace qkbench {
 namespace {
 
 // Input rotation. Call n works on set n mod k. A byte of set c is read again k calls later, after the
-// k − 1 calls in between have moved (k − 1) · bytes-per-call of other data through the L2. The contract
+// k − 1 calls in between have moved (k − 1) · bytes-per-call of other data through the L2. docs/SPEC.md
 // asks that each timed call read data it did not just touch, with ≥ 3× L2 of traffic in between, so
 //     k = 1 + ceil(3 · L2 / bytes-per-call), at least 2 (never the set the previous call used),
 // with bytes-per-call the SOL model's bytes (the minimum any implementation moves). Large cases (one call

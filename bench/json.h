@@ -1,4 +1,4 @@
-// The results file of CONTRACT.md section 7.
+// The results file of docs/SPEC.md, section 7.
 #pragma once
 
 #include <string>

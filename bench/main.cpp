@@ -1,5 +1,5 @@
 // qksoftmax-bench: ceilings, correctness check and timing of qksoftmax (and the unfused cuBLAS baseline)
-// under the SOL model of CONTRACT.md section 6; results as CONTRACT.md section 7.
+// under the SOL model of docs/SPEC.md section 6; results as its section 7 says.
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
   if (options.force_cpu || qkbench::cuda_device_count() == 0) {
     std::printf("%s: running the CPU backend on %s\n", options.force_cpu ? "--cpu" : "no CUDA GPU found",
                 options.cases.empty() ? "a small case" : "the given cases");
+    std::fflush(stdout);  // before the progress on stderr, also where stdout is a pipe
     run = qkbench::run_cpu(options, &report);
   } else {
     run = qkbench::run_gpu(options, &report);

@@ -22,10 +22,6 @@ constexpr int64_t kLongHeads = 16;
 constexpr int64_t kLongHeadDim = 128;
 constexpr int64_t kLongLengths[] = {2048, 4096, 8192, 16384, 32768};
 
-constexpr double kThresholdBFloat16 = 1e-2;
-constexpr double kThresholdFloat16 = 2e-3;
-constexpr double kThresholdFloat32 = 1e-5;
-
 // The value among values whose name_of(value) is name.
 template <typename T, size_t N>
 std::optional<T> find_named(const T (&values)[N], const char* (*name_of)(T), std::string_view name) {
@@ -119,16 +115,6 @@ double sol_us(const Cost& cost, DType dtype, const Ceilings& ceilings) {
   const double memory_s = cost.bytes / (ceilings.copy_GBps * kGiga);
   const double math_s = cost.flops / gemm_flops_per_s(dtype, ceilings);
   return std::max(memory_s, math_s) * kMicro;
-}
-
-double error_threshold(DType dtype) {
-  switch (dtype) {
-    case DType::kBFloat16: return kThresholdBFloat16;
-    case DType::kFloat16: return kThresholdFloat16;
-    case DType::kFloat32: return kThresholdFloat32;
-    case DType::kFloat64: break;  // never benchmarked
-  }
-  return 0;
 }
 
 }  // namespace qkbench

@@ -1,4 +1,4 @@
-// What is measured: shapes, suites, modes, and the speed-of-light (SOL) model of CONTRACT.md section 6.
+// What is measured: shapes, suites, modes, and the speed-of-light (SOL) model of docs/SPEC.md, section 6.
 #pragma once
 
 #include <cstdint>
@@ -47,7 +47,7 @@ struct Suite {
 // "seed16", "long", or "all" (both); empty when the name is unknown.
 std::vector<Suite> suites_named(std::string_view name);
 
-// Ceilings measured on the GPU in the same run (CONTRACT.md section 6).
+// Ceilings measured on the GPU in the same run (docs/SPEC.md, section 6).
 struct Ceilings {
   double copy_GBps = 0;    // bytes read + written per second of a device-to-device copy, in 1e9
   double write_GBps = 0;   // bytes written per second of a device memset (reported: the forward mostly writes)
@@ -78,8 +78,5 @@ double gemm_flops_per_s(DType dtype, const Ceilings& ceilings);
 
 // max(bytes / copy bandwidth, flops / GEMM rate), in µs.
 double sol_us(const Cost& cost, DType dtype, const Ceilings& ceilings);
-
-// The accuracy bound of CONTRACT.md section 5 (relative Frobenius error).
-double error_threshold(DType dtype);
 
 }  // namespace qkbench

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Plots a qksoftmax bench results file (CONTRACT.md section 7).
+"""Plots a qksoftmax bench results file (docs/SPEC.md, section 7).
 
 For each suite of the JSON, one PNG with two panels, one series per (impl, mode) (and dtype, when the suite
 has several): % SOL per case, and latency per case (µs, log scale). Saved next to the JSON as

@@ -1,4 +1,4 @@
-// Timing by CUDA events, as CONTRACT.md section 6 says: warm-up calls first, then timed calls issued back
+// Timing by CUDA events, as docs/SPEC.md section 6 says: warm-up calls first, then timed calls issued back
 // to back on one stream with an event between consecutive calls (so launch overhead hides behind the
 // previous call as in real use); a call's time is the difference of its two events; the median is reported.
 // The only synchronisation is on the last event.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch peers of qksoftmax, measured like qksoftmax-bench measures qksoftmax, merged into its JSON.
 
-Impls (CONTRACT.md section 6 names them):
+Impls (the PyTorch peers of docs/SPEC.md, section 6):
   torch_eager     mode saved_p:   dS = aten._softmax_backward_data(dP, P, -1, dtype) · scale, then two batched
                                   matmuls dQ = dS K, dK = dSᵀ Q (P is the softmax of the same Q, K).
   torch_compile   mode saved_p:   torch.compile of that chain.
@@ -10,7 +10,7 @@ Impls (CONTRACT.md section 6 names them):
                                   inputs are recompute mode's (Q, K, dP); autograd keeps P from the forward
                                   graph rather than recomputing it, so it is the usual training-time peer of
                                   recompute mode.
-End to end (mode forward_backward, issue 6): the score block of a training step, forward then backward,
+End to end (mode forward_backward): the score block of a training step, forward then backward,
 timed as one call — p from (Q, K), then torch.autograd.grad(p, (Q, K), grad_outputs=dP):
   torch_eager     the forward graph softmax(masked_fill(Q Kᵀ · scale)) and autograd through it;
   torch_compile   torch.compile of that forward (AOTAutograd compiles its backward too);
@@ -21,7 +21,7 @@ Timing (as the CLI's): CUDA events between calls issued back to back, warm-ups f
 calls, inputs rotated over k sets with k = max(2, 1 + ceil(3 · L2 / SOL bytes per call)) (1 when k sets do not
 fit and one call moves ≥ 3 · L2). SOL time uses the same model and the ceilings found in the JSON (measured
 here with torch if the JSON has none). Before timing, dQ and dK of head (B−1, H−1) of the first set are
-compared with an fp64 computation (the contract's bounds; NaN fails); a failing case reports no time.
+compared with an fp64 computation (the accuracy bar of tests/common/accuracy.h; NaN fails); a failing case reports no time.
 Outputs are fresh tensors, so there is nothing to poison.
 
     python3 bench/torch_peers.py --json bench/results/h200.json --suite seed16 [--dtype bf16]
@@ -33,6 +33,7 @@ import argparse
 import datetime
 import json
 import math
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -44,7 +45,11 @@ SUITES = {
     "long": [(1, 16, s, 128) for s in (2048, 4096, 8192, 16384, 32768)],
 }
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-THRESHOLDS = {"bf16": 1e-2, "fp16": 2e-3, "fp32": 1e-5}
+# The accuracy bar of the C++ bench and the tests (tests/common/accuracy.h), by the bench's dtype names.
+_ACCURACY = dict(re.findall(r'\{DType::k\w+, "(\w+)", ([0-9.e+-]+)\}',
+                            (Path(__file__).resolve().parents[1] / "tests" / "common" / "accuracy.h").read_text()))
+THRESHOLDS = {short: float(_ACCURACY[name]) for short, name in
+              {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.items()}
 IMPLS = {"eager": ("torch_eager", "saved_p"), "compile": ("torch_compile", "saved_p"),
          "autograd": ("torch_autograd", "recompute"),
          "eager_fwd": ("torch_eager", "forward"), "compile_fwd": ("torch_compile", "forward"),
@@ -64,7 +69,7 @@ DEFAULT_WARMUP, MIN_WARMUP = 5, 3
 SEED = 0x5EED
 
 
-# ---- the SOL model (CONTRACT.md section 6), as bench/model.cpp -------------------------------------------
+# ---- the SOL model (docs/SPEC.md, section 6), as bench/model.cpp ----------------------------------------
 
 def live_elements(B, H, S, causal):
     return B * H * (S * (S + 1) // 2 if causal else S * S)

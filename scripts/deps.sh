@@ -1,12 +1,24 @@
 #!/usr/bin/env bash
-# Installs what qksoftmax needs to build and test, from the registries only (Debian packages, PyPI).
-# Idempotent. Header-only CUTLASS/CuTe lands in .deps/cutlass/include (ignored by git; carried to the GPU
-# machine, which has no network); GoogleTest's sources are copied to .deps/googletest for the same reason.
+# Installs what qksoftmax needs to build and test, from the registries only (Debian packages, PyPI), pinned.
+# Idempotent. Python packages go into the virtual environment of scripts/venv.sh (made here on first use).
+#   scripts/deps.sh            build tools, GoogleTest, pytest, numpy; the CuTe headers where CUDA is built
+#   scripts/deps.sh --torch    the same and torch (from PyPI; the torch tests run on the CPU without a GPU)
+# Header-only CUTLASS/CuTe lands in .deps/cutlass/include (ignored by git; carried to the GPU machine, which
+# has no network); GoogleTest's sources are copied to .deps/googletest for the same reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/venv.sh
 
 CUTLASS_VERSION=4.2.0.0
-PY=${PYTHON:-python3}
+TORCH_VERSION=2.15.0
+BASE_PY=${PYTHON:-python3}
+with_torch=0
+for arg in "$@"; do
+  case $arg in
+    --torch) with_torch=1 ;;
+    *) echo "deps.sh: unknown argument '$arg' (--torch or nothing)" >&2; exit 2 ;;
+  esac
+done
 
 # The CUDA backend is built where a CUDA compiler is found (nvcc on PATH, or CUDACXX), unless
 # QKSOFTMAX_ENABLE_CUDA=OFF; only then are the CUTLASS/CuTe headers needed. Without it: the CPU backend alone.
@@ -16,19 +28,27 @@ if [ "$ENABLE_CUDA" != OFF ] && { [ -n "${CUDACXX:-}" ] || command -v nvcc >/dev
 if [ "$ENABLE_CUDA" = ON ] && [ $with_cuda = 0 ]; then
   echo "deps.sh: QKSOFTMAX_ENABLE_CUDA=ON needs the CUDA toolkit (nvcc, CUDA 12.4 or newer for sm_90a)" >&2; exit 1
 fi
-"$PY" -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' ||
-  { echo "deps.sh: $PY has no development headers (Python.h): install python3-dev" >&2; exit 1; }
 
 need_apt=()
 command -v cmake >/dev/null || need_apt+=(cmake)
 command -v ninja >/dev/null || need_apt+=(ninja-build)
 [ -d /usr/src/googletest ] || need_apt+=(googletest libgtest-dev)
+if [ ! -x "$PY" ]; then
+  "$BASE_PY" -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
+fi
+"$BASE_PY" -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' ||
+  need_apt+=(python3-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
   else
     echo "deps.sh: please install: ${need_apt[*]}" >&2; exit 1
   fi
+fi
+
+if [ ! -x "$PY" ]; then
+  echo "deps.sh: making the virtual environment $VENV"
+  "$BASE_PY" -m venv "$VENV"
 fi
 
 if [ $with_cuda = 1 ] && { [ ! -f .deps/cutlass/include/cute/tensor.hpp ] || [ "$(cat .deps/cutlass/VERSION 2>/dev/null)" != "$CUTLASS_VERSION" ]; }; then
@@ -56,11 +76,14 @@ fi
 
 # Python build and test tools, pinned; a package that is already importable is left as it is, so that a
 # machine without network (the GPU machine, which has its own versions) needs nothing from PyPI.
+wanted=(nanobind:nanobind==3.1.0 scikit_build_core:scikit-build-core==1.1.0 pytest:pytest==9.2.0
+        numpy:numpy==2.4.6 matplotlib:matplotlib==3.11.2)
+[ $with_torch = 1 ] && wanted+=(torch:torch==$TORCH_VERSION)
 missing=()
-for pair in nanobind:nanobind==3.1.0 scikit_build_core:scikit-build-core==1.1.0 pytest:pytest==9.2.0 \
-            numpy:numpy==2.4.6 matplotlib:matplotlib==3.11.2; do
+for pair in "${wanted[@]}"; do
   "$PY" -c "import ${pair%%:*}" 2>/dev/null || missing+=("${pair#*:}")
 done
 if [ ${#missing[@]} -gt 0 ]; then
+  echo "deps.sh: installing into $VENV: ${missing[*]}"
   "$PY" -m pip install -q "${missing[@]}"
 fi

@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
-# The whole test suite on a fresh Debian machine (GPU or not): installs what it needs, builds the
-# library, its tests, the bench and the Python package in ONE build (pip's, kept in build/test),
-# runs the C++ tests (CTest) and the Python tests against the installed package.
+# The whole test suite (CI runs this), on a Debian machine with or without a GPU: installs what it needs
+# (scripts/deps.sh, into a virtual environment), builds everything once (scripts/build.sh), runs the C++ tests
+# (CTest) and the Python tests (pytest, torch included) against the installed package. Tests that need a CUDA
+# GPU are reported as skipped, with the reason, where there is none.
+#   QKSOFTMAX_TORCH=0 scripts/test.sh     without installing torch (its tests are then skipped)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+source scripts/venv.sh
 JOBS=${JOBS:-$(nproc)}
 
-scripts/deps.sh
-# A wheel build with the C++ tests and the bench switched on; scikit-build-core keeps the build tree.
-CMAKE_BUILD_PARALLEL_LEVEL=$JOBS "$PY" -m pip install -q . \
-  -C build-dir=build/test \
-  -C cmake.define.QKSOFTMAX_BUILD_TESTS=ON \
-  -C cmake.define.QKSOFTMAX_BUILD_BENCH=ON \
-  -C cmake.define.QKSOFTMAX_ENABLE_CUDA="${QKSOFTMAX_ENABLE_CUDA:-AUTO}"
-ctest --test-dir build/test --output-on-failure --timeout 900
+stage() {  # name, command...: runs the command and says how long it took
+  local name=$1 start=$SECONDS
+  shift
+  echo "=== test.sh: $name"
+  "$@"
+  echo "=== test.sh: $name took $((SECONDS - start)) s"
+}
+
+if [ "${QKSOFTMAX_TORCH:-1}" = 0 ]; then stage deps scripts/deps.sh; else stage deps scripts/deps.sh --torch; fi
+stage build scripts/build.sh
+stage ctest ctest --test-dir build --output-on-failure --timeout 900 -j "$JOBS"
 # From outside the source tree, so that the installed package (not python/) is imported.
-(cd tests/python && "$PY" -m pytest -q -rs -p no:cacheprovider .)
+stage pytest bash -c "cd tests/python && '$PY' -m pytest -q -rs -p no:cacheprovider ."

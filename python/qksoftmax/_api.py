@@ -113,7 +113,7 @@ def attention_probs(
         "p": P itself. The backward reads it (saved-P mode: no Q Kᵀ recompute, but P is read from memory).
             Costs P's memory, (B, Hq, Sq, Sk) elements, until the backward, unless something else holds P
             anyway (as `p @ v` does when v requires grad); p must not be modified in place.
-    At the contract's sizes the recompute mode's speed-of-light time is the lower one (it reads half the
+    At the benchmark's sizes (docs/SPEC.md) the recompute mode's speed-of-light time is the lower one (it reads half the
     bytes for one more product), and "lse" never holds more memory than "p": hence the default.
     """
     if not _is_torch_tensor(q):

@@ -60,7 +60,10 @@ class NumpyRunner(Runner):
     def prepare(self, x: np.ndarray) -> np.ndarray:
         # The C++ API takes non-negative strides in whole elements; the CPU backend any such layout.
         in_elements = all(stride >= 0 and stride % x.itemsize == 0 for stride in x.strides)
-        return x if in_elements and x.flags.aligned else np.ascontiguousarray(x)
+        if in_elements and x.flags.aligned:
+            return x
+        # A fresh allocation, aligned and contiguous (np.ascontiguousarray keeps a contiguous misaligned view).
+        return np.array(x, order="C")
 
     def empty(self, q: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         return np.empty(shape, dtype)

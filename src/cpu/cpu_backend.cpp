@@ -1,4 +1,4 @@
-// The CPU backend: the contract's math in fp64, on any strides, on every core.
+// The CPU backend: the math of docs/SPEC.md in fp64, on any strides, on every core.
 //
 // Work is split into tasks of kRowsPerTask rows of one head; a task reads its inputs, writes only its own
 // output rows, and uses scratch that it initialises itself, so no result depends on which thread runs it or
@@ -7,7 +7,9 @@
 // Forward: one task per block of query rows computes scores, row statistics, P and LSE.
 // Backward, two passes:
 //   1. per block of query rows: P (recomputed or read), D_i = Σ_j P_ij dP_ij, dS = P ∘ (dP − D),
-//      dQ = scale · dS K; the row's log-sum-exp and D_i are kept (O(rows) memory).
+//      dQ = scale · dS K; the row's log-sum-exp and D_i are kept (O(rows) memory). A given LSE (float32) is
+//      used as it is, except for float64 data: there the row's log-sum-exp is computed in fp64 from the
+//      scores at hand, since P = exp(S − LSE) would carry the float32 rounding of LSE (~1e-7).
 //   2. per block of key rows: dK = scale · dSᵀ Q over every query head of the group, recomputing dS from
 //      the kept statistics. dK rows are owned by one task, so no cross-thread reduction is needed.
 // Memory is O(threads × kRowsPerTask × (Sk + D)) beyond the statistics: P is never held whole.
@@ -137,6 +139,7 @@ class Runner {
   int64_t query_tasks() const { return pb_.B * pb_.Hq * ceil_div(pb_.Sq, kRowsPerTask); }
   int64_t key_tasks() const { return pb_.B * pb_.Hk * ceil_div(pb_.Sk, kRowsPerTask); }
   bool saved_p() const { return pb_.mode == BackwardMode::kSavedP; }
+  bool use_given_lse() const { return pb_.lse.present() && pb_.dtype != DType::kFloat64; }
   int64_t stat_index(int64_t b, int64_t h, int64_t i) const { return (b * pb_.Hq + h) * pb_.Sq + i; }
 
   double read(const Operand& op, int64_t b, int64_t h, int64_t r, int64_t c) const {
@@ -191,7 +194,7 @@ class Runner {
       if (saved_p()) {
         for (int64_t j = 0; j < end; ++j) row[j] = read(pb_.p, blk.b, blk.h, i, j);
       } else {
-        row_lse_[stat] = pb_.lse.present() ? read_lse(blk.b, blk.h, i) : log_sum_exp(row, end);
+        row_lse_[stat] = use_given_lse() ? read_lse(blk.b, blk.h, i) : log_sum_exp(row, end);
         for (int64_t j = 0; j < end; ++j) row[j] = std::exp(row[j] - row_lse_[stat]);
       }
       double delta = 0;

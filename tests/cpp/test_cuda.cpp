@@ -57,9 +57,9 @@ Outputs cpu_reference(const Case& c, const Inputs& in) {
 }
 
 void expect_matches(const Case& c, const Outputs& gpu, const Outputs& ref) {
-  const double tolerance = contract_tolerance(c.dtype);
+  const double tolerance = accuracy::bound(c.dtype);
   expect_close("p", gpu.p, ref.p.values(), tolerance);
-  expect_close("lse", gpu.lse, ref.lse.values(), contract_tolerance(DType::kFloat32));  // LSE is fp32
+  expect_close("lse", gpu.lse, ref.lse.values(), accuracy::bound(DType::kFloat32));  // LSE is fp32
   expect_masked_zero(gpu.p, c.mask);
   expect_gradient_close(c, "dq", gpu.dq, ref.dq.values(), tolerance);
   expect_gradient_close(c, "dk", gpu.dk, ref.dk.values(), tolerance);
@@ -306,7 +306,7 @@ TEST_P(GpuColumnBlocks, EveryBlock) {
   constexpr int64_t kRowBlock = 64, kKeyBlock = 128;  // the column pass's tile: a step's rows, a CTA's keys
   const Case& c = GetParam();
   expect_gpu_matches_cpu(c, make_inputs(c, test_seed()), [&](const Outputs& gpu, const Outputs& ref) {
-    const double tolerance = contract_tolerance(c.dtype);
+    const double tolerance = accuracy::bound(c.dtype);
     expect_blocks_close("dq", gpu.dq, ref.dq.values(), c.Sq, kRowBlock, c.D, tolerance);
     expect_blocks_close("dk", gpu.dk, ref.dk.values(), c.Sk, kKeyBlock, c.D, tolerance);
   });
@@ -373,7 +373,7 @@ TEST_F(GpuTest, ForwardManyItemsRepeated) {
   }
 
   const HostTensor& p = runs[0].p;
-  const double bound = contract_tolerance(c.dtype);
+  const double bound = accuracy::bound(c.dtype);
   int bad_rows = 0, bad_lse = 0;
   for (int64_t row = 0; row < c.B * c.Hq * c.Sq; ++row) {
     double diff = 0.0, norm = 0.0;
@@ -407,7 +407,7 @@ TEST_P(GpuForwardWithoutLse, MatchesReference) {
   const Status s = gpu_forward({q.desc(), k.desc(), p.desc(), {}}, c.options(), stream.get());
   ASSERT_TRUE(s.ok()) << s.message();
   ASSERT_TRUE(p.download(gpu.p).ok());
-  expect_close("p", gpu.p, cpu_reference(c, in).p.values(), contract_tolerance(c.dtype));
+  expect_close("p", gpu.p, cpu_reference(c, in).p.values(), accuracy::bound(c.dtype));
 }
 
 INSTANTIATE_TEST_SUITE_P(Lengths, GpuForwardWithoutLse, ::testing::Values(129, 136));
@@ -480,7 +480,7 @@ TEST_F(GpuTest, IndexingPast2To31Elements) {
 
     HostTensor p_head(c.dtype, head.probs_shape());
     ASSERT_EQ(cudaMemcpy(p_head.storage().data(), head_at(p, h), head_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-    const double tolerance = contract_tolerance(c.dtype);
+    const double tolerance = accuracy::bound(c.dtype);
     expect_close("p", p_head, ref.p.values(), tolerance);
     expect_close("lse", slice(lse, 1, DType::kFloat32), ref.lse.values(), tolerance);
     expect_close("dq", slice(dq, kHeadDim, c.dtype), ref.dq.values(), tolerance);

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "accuracy.h"
 #include "dtype.h"
 #include "qksoftmax/qksoftmax.h"
 
@@ -309,7 +310,7 @@ inline Inputs make_inputs(const Case& c, uint64_t seed) {
   return in;
 }
 
-// ‖out − ref‖ / ‖ref‖ (the contract's measure; ‖out − ref‖ when ref is all zero). Infinite when out has
+// ‖out − ref‖ / ‖ref‖ (the measure of accuracy.h; ‖out − ref‖ when ref is all zero). Infinite when out has
 // a NaN or an infinity that ref does not have at the same place.
 inline double relative_error(const std::vector<double>& out, const std::vector<double>& ref) {
   double diff = 0, norm = 0;
@@ -320,17 +321,6 @@ inline double relative_error(const std::vector<double>& out, const std::vector<d
     diff += (out[i] - ref[i]) * (out[i] - ref[i]);
   }
   return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
-}
-
-// The contract's accuracy bound (§5). fp64 (CPU only) is not in the contract: no looser than fp32.
-inline double contract_tolerance(DType t) {
-  switch (t) {
-    case DType::kBFloat16: return 1e-2;
-    case DType::kFloat16: return 2e-3;
-    case DType::kFloat32:
-    case DType::kFloat64: return 1e-5;
-  }
-  return 0;
 }
 
 // What an fp64 computation rounded once to the output dtype can be off by: twice the unit roundoff

@@ -1,16 +1,22 @@
-"""The fp64 numpy reference of the contract's math (section 1), and the helpers the tests share."""
+"""The fp64 numpy reference of the math (docs/SPEC.md, "The math"), and the helpers the tests share."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 import qksoftmax
 
-# Relative Frobenius error bounds of the contract (section 5), by dtype name. float64 (CPU only) is not in
-# the contract: its lse is float32, so a P recomputed from it is float32-accurate, and no better is asked.
-TOLERANCE = {"bfloat16": 1e-2, "float16": 2e-3, "float32": 1e-5, "float64": 1e-5}
+# The accuracy bar, by dtype name: relative Frobenius error bounds, read from the table that the C++ tests and
+# the bench use (tests/common/accuracy.h).
+ACCURACY_TABLE = Path(__file__).resolve().parents[1] / "common" / "accuracy.h"
+TOLERANCE = {
+    name: float(bound)
+    for name, bound in re.findall(r'\{DType::k\w+, "(\w+)", ([0-9.e+-]+)\}', ACCURACY_TABLE.read_text())
+}
 CUDA_HEAD_DIM = 64  # a head dimension the CUDA kernels cover
 # The three ways of calling qksoftmax.backward (see run_backward).
 BACKWARD_MODES = ["recompute", "recompute_lse", "saved_p"]

@@ -93,6 +93,31 @@ def test_negative_strides_and_broadcasts():
     check_backward(q_reversed, k_broadcast, dp, "saved_p", TOLERANCE["float32"])
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_unaligned_arrays(dtype):
+    """Arrays whose data is not aligned to their element size (a buffer viewed at an odd byte offset), contiguous
+    or not, are copied to aligned memory: any layout works."""
+    case = Case(1, 2, 1, 6, 7, 8)
+    q, k, dp = (x.astype(dtype) for x in normal(7, case.q_shape, case.k_shape, case.p_shape))
+
+    def unaligned(x: np.ndarray) -> np.ndarray:
+        buffer = np.zeros(x.nbytes + 1, np.uint8)
+        view = np.frombuffer(buffer, dtype=dtype, count=x.size, offset=1).reshape(x.shape)
+        view[...] = x
+        assert not view.flags.aligned
+        return view
+
+    q_u, dp_u = unaligned(q), unaligned(dp)
+    k_u = unaligned(np.ascontiguousarray(k.swapaxes(-1, -2))).swapaxes(-1, -2)  # not contiguous either
+    tolerance = TOLERANCE[np.dtype(dtype).name]
+    p, _ = qksoftmax.forward(q_u, k_u)
+    assert rel_error(p, ref.forward(q, k)[0]) <= tolerance
+    for mode in BACKWARD_MODES:
+        check_backward(q_u, k_u, dp_u, mode, tolerance)
+    dq, dk = qksoftmax.backward(q_u, k_u, dp_u, p=unaligned(p))
+    assert rel_error(dq, ref.backward(q, k, dp)[0]) <= tolerance
+
+
 def test_masked_positions_are_never_read():
     case = Case(1, 2, 1, 8, 8, 8)
     q, k, dp = normal(6, case.q_shape, case.k_shape, case.p_shape)

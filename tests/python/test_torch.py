@@ -143,7 +143,7 @@ def test_unsupported_dtype():
 @pytest.mark.parametrize("mode", BACKWARD_MODES)
 @pytest.mark.parametrize("causal", [True, False])
 def test_float64_on_the_cpu(causal, mode):
-    """fp64 runs on the CPU backend; only lse is float32 (a P recomputed from it is float32-accurate)."""
+    """fp64 runs on the CPU backend; only lse is float32, and recompute mode given it is still fp64-accurate."""
     case = CASES[-1]
     q, k, dp = tensors(12, torch.float64, "cpu", case.q_shape, case.k_shape, case.p_shape)
     p, lse = qksoftmax.forward(q, k, causal=causal)

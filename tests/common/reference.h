@@ -1,5 +1,6 @@
-// A tiny fp64 reference of the contract's math (§1), written apart from the library on purpose: contiguous
-// std::vector<double> tensors, full matrices, plain loops, one thread. Slow and obvious.
+// The fp64 reference of the math (docs/SPEC.md, "The math"), written apart from the library on purpose:
+// contiguous std::vector<double> tensors, full matrices, plain loops, one thread. Slow and obvious. The C++
+// tests and the bench's CPU path check against it.
 #pragma once
 
 #include <cmath>

@@ -180,9 +180,9 @@ class GpuRun {
     for (size_t i : {kP, kLse, kDq, kDk}) {
       ASSERT_TRUE(tensors_[i].download(*outputs()[i - kP]).ok());
     }
-    expect_close("p", got_.p, expected_.p.values(), contract_tolerance(kGpuCase.dtype));
-    expect_close("dq", got_.dq, expected_.dq.values(), contract_tolerance(kGpuCase.dtype));
-    expect_close("dk", got_.dk, expected_.dk.values(), contract_tolerance(kGpuCase.dtype));
+    expect_close("p", got_.p, expected_.p.values(), accuracy::bound(kGpuCase.dtype));
+    expect_close("dq", got_.dq, expected_.dq.values(), accuracy::bound(kGpuCase.dtype));
+    expect_close("dk", got_.dk, expected_.dk.values(), accuracy::bound(kGpuCase.dtype));
   }
 
  private:
@@ -208,6 +208,9 @@ class GpuRun {
   }()};
 };
 
+// The GPU tests of plans and devices.
+class GpuPlan : public GpuTest {};
+
 void expect_gpu_run_matches_cpu(int device, int declared) {
   GpuRun run(device, declared);
   int current = -1;
@@ -218,13 +221,13 @@ void expect_gpu_run_matches_cpu(int device, int declared) {
   run.check();
 }
 
-TEST_F(GpuTest, DeclaredDevicesAskTheDriverNothing) {
+TEST_F(GpuPlan, DeclaredDevicesAskTheDriverNothing) {
   const uint64_t before = pointer_queries();
   expect_gpu_run_matches_cpu(0, 0);
   EXPECT_EQ(pointer_queries(), before);
 }
 
-TEST_F(GpuTest, UndeclaredPointersAreAskedOnceEach) {
+TEST_F(GpuPlan, UndeclaredPointersAreAskedOnceEach) {
   const Case c{.B = 1, .Hq = 2, .Hk = 2, .Sq = 8, .Sk = 8, .D = 64};
   const Inputs in = make_inputs(c, test_seed());
   Outputs out(c, c.dtype, c.layout);
@@ -237,7 +240,7 @@ TEST_F(GpuTest, UndeclaredPointersAreAskedOnceEach) {
   EXPECT_EQ(plan.device_index(), current_device());
 }
 
-TEST_F(GpuTest, ADeclaredDeviceThatDoesNotExistIsRefused) {
+TEST_F(GpuPlan, ADeclaredDeviceThatDoesNotExistIsRefused) {
   const Case c{.B = 1, .Hq = 1, .Hk = 1, .Sq = 8, .Sk = 8, .D = 64};
   const Inputs in = make_inputs(c, test_seed());
   Outputs out(c, c.dtype, c.layout);
@@ -254,7 +257,7 @@ TEST_F(GpuTest, ADeclaredDeviceThatDoesNotExistIsRefused) {
   EXPECT_NE(s.message().find("cuda:" + std::to_string(missing)), std::string::npos) << s.message();
 }
 
-TEST_F(GpuTest, HostMemoryDescribedAsDeviceMemoryIsRefusedByTheLookUp) {
+TEST_F(GpuPlan, HostMemoryDescribedAsDeviceMemoryIsRefusedByTheLookUp) {
   const Inputs in = make_inputs(kCase, test_seed());
   Outputs out(kCase, kCase.dtype, kCase.layout);
   const auto on_cuda = [](const HostTensor& t) { return t.desc(nullptr, Device::kCUDA); };
@@ -266,7 +269,7 @@ TEST_F(GpuTest, HostMemoryDescribedAsDeviceMemoryIsRefusedByTheLookUp) {
 
 // The autograd engine runs backward in threads of its own: a call from a thread that has never used CUDA (no
 // current context) runs on its tensors' device.
-TEST_F(GpuTest, RunsFromAThreadThatNeverUsedCuda) {
+TEST_F(GpuPlan, RunsFromAThreadThatNeverUsedCuda) {
   for (const int declared : {0, -1}) {
     GpuRun run(0, declared);
     Status status;

@@ -5,6 +5,7 @@
 #
 #   scripts/gpu-check.sh                        # all stages
 #   STAGES="build ctest" scripts/gpu-check.sh   # some
+#   STAGES="build ctest pytest ddp" scripts/gpu-check.sh   # on two GPUs: the device tests and the DDP step
 #   BUDGET_S=540 scripts/gpu-check.sh           # stages after the budget are cut short, the summary still prints
 #   STAGES="build bench ab" AB_CUDA_FLAGS="-DKNOB=3;-DKNOB=4" scripts/gpu-check.sh
 #                                               # A/B: the bench again from a build per ';'-separated variant
@@ -207,6 +208,14 @@ if has_stage hf; then  # the transformers attention backend: its test, and a tra
     record hf info "$(grep 'vs eager' "$LOGS/hf.log" | sed -E 's/ +/ /g' | paste -sd ';')"
   else
     record hf FAIL "see logs/hf-test.log, logs/hf.log"
+  fi
+fi
+
+if has_stage ddp; then  # two GPUs or more: a data-parallel training step against the same step on one GPU
+  if PYTHONPATH=python run_logged ddp python3 examples/ddp_step.py --json "$OUT/h200-ddp.json"; then
+    record ddp ok "$(tail -1 "$LOGS/ddp.log")"
+  else
+    record ddp FAIL "see logs/ddp.log"
   fi
 fi
 

@@ -1,18 +1,22 @@
-"""Host time per call of each layer of the torch path, at a shape whose kernels take ~50 µs (docs/PYTORCH.md,
-"Host time"): where a small call's time goes on this machine's CPU.
+"""Host time per call of each layer of the torch path, beside PyTorch's own ops in the same run: where a small
+call's time goes on this machine's CPU (docs/PYTORCH.md, "Host time").
 
-    PYTHONPATH=python python3 bench/host_time.py [--device cuda] [--calls 300]
+    PYTHONPATH=python python3 bench/host_time.py [--device cuda] [--calls 2000] [--repeats 5] [--json FILE]
 
-Each line times `calls` calls back to back without synchronising (host µs per call), then the same with a
-synchronisation after each call. Layers from the bottom: the C++ calls (qksoftmax._C, tensors as DLPack),
-the Python layer around them (run_forward / run_backward), the custom ops (torch.ops.qksoftmax), the public
-functions, and attention_probs forward + autograd.grad on the eager fast path and through the ops, beside
-torch's own score block. The host is noisy: compare lines of one run only.
+The shape is tiny (B = H = 1, S = 128, D = 128, bf16 on CUDA): its kernels take a few µs, less than the host
+spends per call, so calls back to back without synchronising measure the host. Each line is the median over
+`repeats` rounds of `calls` calls (host µs per call); the rounds run layer after layer, in turns, so that a
+drift of the machine spreads over every layer. Layers from the bottom: the C++ calls (qksoftmax._C: a plan,
+its run), the Python layer (_core.forward / backward: allocation, plan, workspace, run), the custom ops
+(torch.ops.qksoftmax), the public functions, attention_probs forward + autograd.grad on the eager fast path and
+through the ops; then PyTorch's reference ops. --json writes the figures as a results file
+(bench/results/h200-host.json).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from collections.abc import Callable
 
@@ -20,36 +24,29 @@ import torch
 
 import qksoftmax
 from qksoftmax import _C, _core, _frames, _ops
+from results_file import write_results
 
-SHAPE = (1, 128, 128, 128)  # (B, H, S, D): seed16's smallest case
+SHAPE = (1, 1, 128, 128)  # (B, H, S, D)
+CPU_SHAPE = (1, 1, 16, 16)  # the CPU backend computes in fp64 on the host: keep its work small
+WARMUP_CALLS = 50
+# The figures the call path is held to (host µs per call on the GPU machine).
+GOALS_US = {"qksoftmax.forward": 20, "qksoftmax.backward (recompute, lse)": 20,
+            "attention_probs fwd+bwd (eager fast path)": 80}
 
 
-def time_call(name: str, call: Callable[[], object], calls: int, device: str) -> None:
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    for _ in range(20):
-        call()
-    sync()
+def host_us(call: Callable[[], object], calls: int) -> float:
+    """Host µs per call over `calls` calls back to back (the caller synchronises before)."""
     start = time.perf_counter()
     for _ in range(calls):
         call()
-    host = (time.perf_counter() - start) / calls * 1e6
-    sync()
-    start = time.perf_counter()
-    for _ in range(calls // 4):
-        call()
-        sync()
-    synced = (time.perf_counter() - start) / (calls // 4) * 1e6
-    print(f"{name:44} host {host:8.1f} µs   synchronised {synced:8.1f} µs", flush=True)
+    return (time.perf_counter() - start) / calls * 1e6
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--calls", type=int, default=300)
-    args = parser.parse_args()
-    device, calls = args.device, args.calls
+def layers(device: str) -> tuple[dict[str, Callable[[], object]], dict[str, Callable[[], object]], tuple[int, ...]]:
+    """The calls to time: qksoftmax's layers, and PyTorch's reference ops; and the shape."""
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    B, H, S, D = SHAPE if device == "cuda" else (1, 4, 32, 16)
+    shape = SHAPE if device == "cuda" else CPU_SHAPE
+    B, H, S, D = shape
     generator = torch.Generator(device=device).manual_seed(0)
 
     def randn(*size: int) -> torch.Tensor:
@@ -58,43 +55,88 @@ def main() -> None:
     q, k, dp = randn(B, H, S, D), randn(B, H, S, D), randn(B, H, S, S)
     p, lse = qksoftmax.forward(q, k)
     dq, dk = torch.empty_like(q), torch.empty_like(k)
-    frame = _frames.TorchFrame("host_time", q)
-    stream = torch.cuda.current_stream().cuda_stream if device == "cuda" else _frames.NO_STREAM
     qg, kg = q.clone().requires_grad_(True), k.clone().requires_grad_(True)
     mask = torch.ones(S, S, dtype=torch.bool, device=device).triu(1)
+    runner = _ops.TORCH
+    stream = _ops.current_stream(q.device.index) if device == "cuda" else 0
+    forward_plan = _C.plan_forward(q, k, p, lse, None, True)
+    backward_plan = _C.plan_backward(q, k, dp, None, lse, dq, dk, None, True)
+    workspace = torch.empty(backward_plan.workspace_bytes + _C.WORKSPACE_ALIGNMENT, dtype=torch.uint8, device=device)
+    workspace_address = _frames.aligned_address(workspace.data_ptr())
 
     def grad(out: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return torch.autograd.grad(out, (qg, kg), grad_outputs=dp)
 
+    def through_ops() -> tuple[torch.Tensor, ...]:
+        p, _ = torch.ops.qksoftmax.forward(qg, kg, None, True, "lse")
+        return grad(p)
+
     def torch_block() -> torch.Tensor:
         return torch.softmax((qg @ kg.transpose(-1, -2) * D**-0.5).masked_fill(mask, float("-inf")), -1)
 
-    print(f"{torch.cuda.get_device_name(0) if device == 'cuda' else 'CPU'}, torch {torch.__version__}, "
-          f"(B, H, S, D) = {(B, H, S, D)}, {dtype}, {calls} calls")
-    time_call("q.__dlpack__()", q.__dlpack__, calls, device)
-    time_call("TorchFrame", lambda: _frames.TorchFrame("x", q), calls, device)
-    time_call("_C.forward", lambda: _C.forward(q, k, p, lse, frame.workspace, None, True, stream), calls, device)
-    time_call("_C.backward (recompute, lse)",
-              lambda: _C.backward(q, k, dp, None, lse, dq, dk, frame.workspace, None, True, stream), calls, device)
-    time_call("run_forward", lambda: _core.run_forward(_frames.TorchFrame("x", q), q, k, None, True), calls, device)
-    time_call("run_backward", lambda: _core.run_backward(_frames.TorchFrame("x", q), q, k, dp, None, lse, None, True),
-              calls, device)
-    time_call("torch.ops.qksoftmax.forward", lambda: torch.ops.qksoftmax.forward(q, k, None, True, "lse"),
-              calls, device)
-    time_call("torch.ops.qksoftmax.backward_recompute",
-              lambda: torch.ops.qksoftmax.backward_recompute(q, k, dp, lse, None, True), calls, device)
-    time_call("qksoftmax.forward", lambda: qksoftmax.forward(q, k), calls, device)
-    time_call("qksoftmax.backward", lambda: qksoftmax.backward(q, k, dp, lse=lse), calls, device)
-    fast = _ops.plain_eager
-    time_call("attention_probs fwd+bwd (eager fast path)", lambda: grad(qksoftmax.attention_probs(qg, kg)),
-              calls, device)
-    _ops.plain_eager = lambda *tensors: False
-    try:
-        time_call("attention_probs fwd+bwd (through the ops)", lambda: grad(qksoftmax.attention_probs(qg, kg)),
-                  calls, device)
-    finally:
-        _ops.plain_eager = fast
-    time_call("torch score block fwd+bwd (eager)", lambda: grad(torch_block()), calls, device)
+    ours = {
+        "_C.plan_forward": lambda: _C.plan_forward(q, k, p, lse, None, True),
+        "Plan.run (forward)": lambda: forward_plan.run(0, 0, stream),
+        "_C.plan_backward (recompute, lse)": lambda: _C.plan_backward(q, k, dp, None, lse, dq, dk, None, True),
+        "Plan.run (backward)": lambda: backward_plan.run(workspace_address, backward_plan.workspace_bytes, stream),
+        "_core.forward": lambda: _core.forward(runner, "x", q, k, None, True),
+        "_core.backward (recompute, lse)": lambda: _core.backward(runner, "x", q, k, dp, None, lse, None, True),
+        "torch.ops.qksoftmax.forward": lambda: torch.ops.qksoftmax.forward(q, k, None, True, "lse"),
+        "torch.ops.qksoftmax.backward_recompute": lambda: torch.ops.qksoftmax.backward_recompute(
+            q, k, dp, lse, None, True),
+        "qksoftmax.forward": lambda: qksoftmax.forward(q, k),
+        "qksoftmax.backward (recompute, lse)": lambda: qksoftmax.backward(q, k, dp, lse=lse),
+        "qksoftmax.backward (recompute)": lambda: qksoftmax.backward(q, k, dp),
+        "qksoftmax.backward (saved_p)": lambda: qksoftmax.backward(q, k, dp, p=p),
+        "attention_probs fwd+bwd (eager fast path)": lambda: grad(qksoftmax.attention_probs(qg, kg)),
+        "attention_probs fwd+bwd (through the ops)": through_ops,
+    }
+    reference = {
+        "torch: one matmul": lambda: q @ k.transpose(-1, -2),
+        "torch: _softmax_backward_data + one matmul": lambda: torch.ops.aten._softmax_backward_data(
+            dp, p, -1, dtype) @ k,
+        "torch: score block fwd+bwd (eager)": lambda: grad(torch_block()),
+    }
+    return ours, reference, shape
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", help="write the figures to this results file")
+    args = parser.parse_args()
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    ours, reference, shape = layers(args.device)
+    calls = {**ours, **reference}
+    for call in calls.values():
+        for _ in range(WARMUP_CALLS):
+            call()
+    sync()
+    rounds: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(args.repeats):
+        for name, call in calls.items():
+            rounds[name].append(host_us(call, args.calls))
+            sync()
+
+    gpu = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
+    print(f"{gpu}, torch {torch.__version__}, qksoftmax {qksoftmax.__version__}, (B, H, S, D) = {shape}, "
+          f"median of {args.repeats} x {args.calls} calls, host µs per call")
+    runs = []
+    for name, values in rounds.items():
+        median = statistics.median(values)
+        goal = GOALS_US.get(name)
+        mark = f"   goal <= {goal} µs: {'met' if median <= goal else 'NOT met'}" if goal else ""
+        print(f"{name:46} {median:8.1f}   (min {min(values):.1f}, max {max(values):.1f}){mark}", flush=True)
+        run = {"call": name, "us": median, "us_rounds": values, "reference": name in reference}
+        if goal:
+            run["goal_us"] = goal
+        runs.append(run)
+    if args.json:
+        write_results(args.json, gpu, runs, shape=dict(zip("BHSD", shape)),
+                      dtype="bf16" if args.device == "cuda" else "fp32", calls_per_round=args.calls,
+                      rounds=args.repeats)
 
 
 if __name__ == "__main__":

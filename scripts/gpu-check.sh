@@ -5,6 +5,7 @@
 #
 #   scripts/gpu-check.sh                        # all stages
 #   STAGES="build ctest" scripts/gpu-check.sh   # some
+#   STAGES="build ctest pytest ddp" scripts/gpu-check.sh   # on two GPUs: the device tests and the DDP step
 #   BUDGET_S=540 scripts/gpu-check.sh           # stages after the budget are cut short, the summary still prints
 #   STAGES="build bench ab" AB_CUDA_FLAGS="-DKNOB=3;-DKNOB=4" scripts/gpu-check.sh
 #                                               # A/B: the bench again from a build per ';'-separated variant
@@ -16,7 +17,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/gpu-check}
-STAGES=${STAGES:-"build smoke ctest step bench peers host sanitize sass profile pytest"}
+STAGES=${STAGES:-"build smoke ctest step bench peers host hf sanitize sass profile pytest"}
 BUDGET_S=${BUDGET_S:-100000}
 CMAKE_ARGS=${CMAKE_ARGS:-}
 CTEST_ARGS=${CTEST_ARGS:-}  # e.g. "-R D128" for the Hopper cases only
@@ -217,10 +218,27 @@ if has_stage profile; then
 fi
 
 if has_stage host; then  # host time per call of each layer of the torch path (docs/PYTORCH.md, "Host time")
-  if PYTHONPATH=python run_logged host python3 bench/host_time.py; then
-    record host info "$(grep 'fast path' "$LOGS/host.log" | sed -E 's/ +/ /g')"
+  if PYTHONPATH=python run_logged host python3 bench/host_time.py --json "$OUT/h200-host.json"; then
+    record host info "$(grep 'goal' "$LOGS/host.log" | sed -E 's/ +/ /g' | paste -sd ';')"
   else
     record host FAIL "see logs/host.log"
+  fi
+fi
+
+if has_stage hf; then  # the transformers attention backend: its test, and a training step against eager attention
+  if PYTHONPATH=python run_logged hf-test python3 -m pytest tests/python/test_transformers.py -q -rs -p no:cacheprovider &&
+     PYTHONPATH=python run_logged hf python3 bench/transformers_step.py --json "$OUT/h200-transformers.json"; then
+    record hf info "$(grep 'vs eager' "$LOGS/hf.log" | sed -E 's/ +/ /g' | paste -sd ';')"
+  else
+    record hf FAIL "see logs/hf-test.log, logs/hf.log"
+  fi
+fi
+
+if has_stage ddp; then  # two GPUs or more: a data-parallel training step against the same step on one GPU
+  if PYTHONPATH=python run_logged ddp python3 examples/ddp_step.py --json "$OUT/h200-ddp.json"; then
+    record ddp ok "$(tail -1 "$LOGS/ddp.log")"
+  else
+    record ddp FAIL "see logs/ddp.log"
   fi
 fi
 

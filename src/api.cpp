@@ -1,6 +1,9 @@
-// The public entry points: validate, check what only the device can tell, check the workspace, dispatch.
+// The public entry points: a plan validates a call once (arguments, then where its pointers live) and knows its
+// workspace; running it checks the workspace and dispatches on the call's own device. forward and backward are
+// a plan and its run.
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <string>
 
 #include "cpu/cpu_backend.h"
@@ -9,6 +12,12 @@
 #include "validate.h"
 
 namespace qksoftmax {
+
+struct Plan::State {
+  Problem problem;
+  size_t workspace = 0;
+};
+
 namespace {
 
 size_t required_workspace(const Problem& problem) {
@@ -54,20 +63,53 @@ Status workspace_size(const Args& args, const Options& options, size_t* bytes) {
 }
 
 template <class Args>
-Status run(const Args& args, const Options& options, void* workspace, size_t workspace_bytes,
-           CUstream_st* stream) {
-  return guarded([&]() -> Status {
-    Problem problem;
-    if (Status s = make_problem(args, options, &problem); !s.ok()) return s;
-    if (problem.device == Device::kCUDA) {
-      if (Status s = cuda::check_pointers(problem); !s.ok()) return s;
-    }
-    if (Status s = check_workspace(workspace, workspace_bytes, required_workspace(problem)); !s.ok()) return s;
-    return problem.device == Device::kCUDA ? cuda::run(problem, workspace, stream) : cpu::run(problem);
-  });
+Status make_plan(const Args& args, const Options& options, std::unique_ptr<const Plan::State>* out) {
+  if (out == nullptr) return {Code::kInvalidArgument, "plan: expected a Plan to fill, got null"};
+  auto state = std::make_unique<Plan::State>();
+  if (Status s = make_problem(args, options, &state->problem); !s.ok()) return s;
+  if (state->problem.device == Device::kCUDA) {
+    if (Status s = cuda::locate(&state->problem); !s.ok()) return s;
+  }
+  state->workspace = required_workspace(state->problem);
+  *out = std::move(state);
+  return {};
+}
+
+Status run_problem(const Problem& problem, void* workspace, CUstream_st* stream) {
+  if (problem.device == Device::kCPU) return cpu::run(problem);
+  cuda::DeviceScope scope;
+  if (Status s = scope.enter(problem.device_index); !s.ok()) return s;
+  return cuda::run(problem, workspace, stream);
 }
 
 }  // namespace
+
+Plan::Plan() noexcept = default;
+Plan::~Plan() = default;
+Plan::Plan(Plan&&) noexcept = default;
+Plan& Plan::operator=(Plan&&) noexcept = default;
+
+size_t Plan::workspace_bytes() const { return state_ ? state_->workspace : 0; }
+Device Plan::device() const { return state_ ? state_->problem.device : Device::kCPU; }
+int Plan::device_index() const {
+  return state_ && state_->problem.device == Device::kCUDA ? state_->problem.device_index : -1;
+}
+
+Status Plan::run(void* workspace, size_t workspace_bytes, CUstream_st* stream) const {
+  return guarded([&]() -> Status {
+    if (!state_) return {Code::kInvalidArgument, "plan: expected a plan made by plan_forward or plan_backward"};
+    if (Status s = check_workspace(workspace, workspace_bytes, state_->workspace); !s.ok()) return s;
+    return run_problem(state_->problem, workspace, stream);
+  });
+}
+
+Status plan_forward(const ForwardArgs& args, const Options& options, Plan* plan) {
+  return guarded([&] { return make_plan(args, options, plan ? &plan->state_ : nullptr); });
+}
+
+Status plan_backward(const BackwardArgs& args, const Options& options, Plan* plan) {
+  return guarded([&] { return make_plan(args, options, plan ? &plan->state_ : nullptr); });
+}
 
 Status forward_workspace_size(const ForwardArgs& args, const Options& options, size_t* bytes) {
   return workspace_size(args, options, bytes);
@@ -75,7 +117,9 @@ Status forward_workspace_size(const ForwardArgs& args, const Options& options, s
 
 Status forward(const ForwardArgs& args, const Options& options, void* workspace, size_t workspace_bytes,
                CUstream_st* stream) {
-  return run(args, options, workspace, workspace_bytes, stream);
+  Plan plan;
+  if (Status s = plan_forward(args, options, &plan); !s.ok()) return s;
+  return plan.run(workspace, workspace_bytes, stream);
 }
 
 Status backward_workspace_size(const BackwardArgs& args, const Options& options, size_t* bytes) {
@@ -84,7 +128,9 @@ Status backward_workspace_size(const BackwardArgs& args, const Options& options,
 
 Status backward(const BackwardArgs& args, const Options& options, void* workspace, size_t workspace_bytes,
                 CUstream_st* stream) {
-  return run(args, options, workspace, workspace_bytes, stream);
+  Plan plan;
+  if (Status s = plan_backward(args, options, &plan); !s.ok()) return s;
+  return plan.run(workspace, workspace_bytes, stream);
 }
 
 const char* version() { return QKSOFTMAX_VERSION; }

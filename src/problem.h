@@ -56,6 +56,10 @@ struct Problem {
   int64_t B = 0, Hq = 0, Hk = 0, Sq = 0, Sk = 0, D = 0;
   DType dtype = DType::kFloat32;
   Device device = Device::kCPU;
+  // Device::kCUDA: the ordinal the tensors declared (TensorDesc::device_index; -1 where none did), and whether
+  // every present tensor declared it. A plan resolves the rest from the pointers (cuda::locate).
+  int device_index = -1;
+  bool devices_declared = false;
   Mask mask = Mask::kCausal;
   BackwardMode mode = BackwardMode::kRecompute;  // backward only
   bool deterministic = false;

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "counters.h"
 #include "dtype.h"
 
 namespace qksoftmax {
@@ -178,6 +179,22 @@ Status check_dtype_and_device(const Arg& arg, const TensorDesc& q) {
   return {};
 }
 
+// CUDA tensors that declare their device (TensorDesc::device_index >= 0) declare the same one.
+Status check_device_indices(const std::vector<Arg>& args) {
+  const Arg* first = nullptr;
+  for (const Arg& arg : args) {
+    if (arg.desc->device != Device::kCUDA || arg.desc->device_index < 0) continue;
+    if (first == nullptr) {
+      first = &arg;
+    } else if (arg.desc->device_index != first->desc->device_index) {
+      return invalid(arg.name, "expected device cuda:" + std::to_string(first->desc->device_index) + " like " +
+                                   first->name + ", got cuda:" + std::to_string(arg.desc->device_index) +
+                                   " (the tensors of a call must be on one device)");
+    }
+  }
+  return {};
+}
+
 // Inclusive byte range [first, last] that a tensor's elements occupy.
 struct ByteSpan {
   uintptr_t first = 0, last = 0;
@@ -257,6 +274,7 @@ Status check_args(const std::vector<Arg>& args) {
     if (Status s = check_shape(arg, q, k); !s.ok()) return s;
     if (Status s = check_dtype_and_device(arg, q); !s.ok()) return s;
   }
+  if (Status s = check_device_indices(args); !s.ok()) return s;
   if (Status s = check_memory(args); !s.ok()) return s;
   // Valid, but only the CPU backend implements fp64; every other tensor has q's dtype and device by now.
   if (q.dtype == DType::kFloat64 && q.device == Device::kCUDA) {
@@ -309,8 +327,9 @@ Operand operand_of(const TensorDesc& t) {
   return {t.data, t.stride[0], t.stride[1], t.stride[2], t.stride[3]};
 }
 
-// The fields common to both passes, from validated q, k and options.
-Status fill_common(const TensorDesc& q, const TensorDesc& k, const Options& options, Problem* problem) {
+// The fields common to both passes, from validated q, k, options and every tensor of the call.
+Status fill_common(const TensorDesc& q, const TensorDesc& k, std::initializer_list<const TensorDesc*> tensors,
+                   const Options& options, Problem* problem) {
   double scale = 0;
   if (Status s = resolve_scale(options, q.shape[kColDim], &scale); !s.ok()) return s;
   problem->B = q.shape[0];
@@ -321,6 +340,18 @@ Status fill_common(const TensorDesc& q, const TensorDesc& k, const Options& opti
   problem->D = q.shape[kColDim];
   problem->dtype = q.dtype;
   problem->device = q.device;
+  problem->device_index = -1;
+  problem->devices_declared = true;
+  if (q.device == Device::kCUDA) {
+    for (const TensorDesc* t : tensors) {
+      if (!t->present()) continue;
+      if (t->device_index < 0) {
+        problem->devices_declared = false;
+      } else {
+        problem->device_index = t->device_index;  // all declared indices agree (check_device_indices)
+      }
+    }
+  }
   problem->mask = options.mask;
   problem->deterministic = options.deterministic;
   problem->scale = float(scale);
@@ -333,6 +364,7 @@ Status fill_common(const TensorDesc& q, const TensorDesc& k, const Options& opti
 }  // namespace
 
 Status make_problem(const ForwardArgs& args, const Options& options, Problem* problem) {
+  detail::count(detail::call_counters().validations);
   if (Status s = check_mask(options.mask); !s.ok()) return s;
   if (Status s = check_present({{"q", &args.q, "(B, Hq, Sq, D)"},
                                  {"k", &args.k, "(B, Hk, Sk, D)"},
@@ -347,7 +379,9 @@ Status make_problem(const ForwardArgs& args, const Options& options, Problem* pr
   if (Status s = check_args(list); !s.ok()) return s;
 
   Problem result;
-  if (Status s = fill_common(args.q, args.k, options, &result); !s.ok()) return s;
+  if (Status s = fill_common(args.q, args.k, {&args.q, &args.k, &args.p, &args.lse}, options, &result); !s.ok()) {
+    return s;
+  }
   result.pass = Pass::kForward;
   result.out_p = operand_of(args.p);
   result.out_lse = operand_of(args.lse);
@@ -356,6 +390,7 @@ Status make_problem(const ForwardArgs& args, const Options& options, Problem* pr
 }
 
 Status make_problem(const BackwardArgs& args, const Options& options, Problem* problem) {
+  detail::count(detail::call_counters().validations);
   if (Status s = check_mask(options.mask); !s.ok()) return s;
   if (options.mode != BackwardMode::kRecompute && options.mode != BackwardMode::kSavedP) {
     return invalid("options.mode", "expected BackwardMode::kRecompute or BackwardMode::kSavedP, got "
@@ -389,7 +424,11 @@ Status make_problem(const BackwardArgs& args, const Options& options, Problem* p
   if (Status s = check_args(list); !s.ok()) return s;
 
   Problem result;
-  if (Status s = fill_common(args.q, args.k, options, &result); !s.ok()) return s;
+  if (Status s = fill_common(args.q, args.k, {&args.q, &args.k, &args.dp, &args.p, &args.lse, &args.dq, &args.dk},
+                             options, &result);
+      !s.ok()) {
+    return s;
+  }
   result.pass = Pass::kBackward;
   result.mode = options.mode;
   result.dp = operand_of(args.dp);

@@ -3,11 +3,14 @@
 // Every call validates all of its arguments before touching any output: on error it returns a Status
 // with a message and writes nothing. Tensors are described, not owned; the same calls run on host
 // pointers (Device::kCPU, the fp64 CPU backend) and on device pointers (Device::kCUDA, asynchronous on
-// the given stream, never synchronising the device).
+// the given stream, never synchronising the device, never copying between host and device). A CUDA call
+// runs on the device of its tensors, whatever device is current in the calling thread, and leaves the
+// thread's current CUDA context as it found it.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -25,10 +28,17 @@ inline constexpr int kMaxRank = 4;
 
 // A strided view of memory. Shapes and strides are in elements; strides may be any non-negative value
 // (outputs must not overlap themselves). A tensor whose data is null is absent (optional arguments).
+//
+// device_index is the CUDA device ordinal of a Device::kCUDA tensor, where the caller knows it (a framework's
+// tensor does: torch's tensor.device.index, DLPack's device_id). A given index is trusted: the library does
+// not ask the driver where the memory lives, and a wrong index is undefined behaviour. With -1 (any
+// negative value) the library asks the driver once per distinct pointer of the call (cudaPointerGetAttributes)
+// and refuses host memory. The tensors of one call must be on one device. Ignored on Device::kCPU.
 struct TensorDesc {
   void* data = nullptr;
   DType dtype = DType::kFloat32;
   Device device = Device::kCPU;
+  int device_index = -1;
   int rank = 0;
   int64_t shape[kMaxRank] = {};
   int64_t stride[kMaxRank] = {};
@@ -87,11 +97,49 @@ class Status {
 // at least as large as the size query says. Sizes depend on shapes, dtypes, device and options only.
 inline constexpr size_t kWorkspaceAlignment = 256;
 
+// One call, validated once: made by plan_forward or plan_backward from the call's arguments (every check that
+// forward and backward make, and the device the tensors are on), it knows the workspace the call needs and
+// runs it without validating again. A plan holds the tensors' pointers, not their memory: run it while they
+// are alive. run may be called more than once, from any thread; each run launches the whole call again.
+class Plan {
+ public:
+  Plan() noexcept;
+  ~Plan();
+  Plan(Plan&&) noexcept;
+  Plan& operator=(Plan&&) noexcept;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+
+  bool valid() const { return state_ != nullptr; }  // made by a successful plan_forward / plan_backward
+  size_t workspace_bytes() const;                    // 0 for an invalid plan
+  Device device() const;
+  int device_index() const;  // the CUDA device ordinal the call runs on; -1 on the CPU
+
+  // Launches the call (Device::kCUDA: asynchronously on `stream`, a stream of the plan's device or null for
+  // that device's default stream; Device::kCPU: synchronously, the stream ignored). The workspace is checked
+  // as forward and backward check it.
+  Status run(void* workspace, size_t workspace_bytes, CUstream_st* stream) const;
+
+  struct State;  // opaque: the validated call
+
+ private:
+  std::unique_ptr<const State> state_;
+
+  friend Status plan_forward(const ForwardArgs&, const Options&, Plan*);
+  friend Status plan_backward(const BackwardArgs&, const Options&, Plan*);
+};
+
+// On success *plan holds the call; on error it is left unchanged. Pointer checks (see TensorDesc) are made here.
+Status plan_forward(const ForwardArgs& args, const Options& options, Plan* plan);
+Status plan_backward(const BackwardArgs& args, const Options& options, Plan* plan);
+
 Status forward_workspace_size(const ForwardArgs& args, const Options& options, size_t* bytes);
+// plan_forward, then run.
 Status forward(const ForwardArgs& args, const Options& options, void* workspace, size_t workspace_bytes,
                CUstream_st* stream);
 
 Status backward_workspace_size(const BackwardArgs& args, const Options& options, size_t* bytes);
+// plan_backward, then run.
 Status backward(const BackwardArgs& args, const Options& options, void* workspace,
                 size_t workspace_bytes, CUstream_st* stream);
 

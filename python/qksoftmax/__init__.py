@@ -5,7 +5,8 @@
     p      = qksoftmax.attention_probs(q, k, *, scale=None, causal=True, save="lse")   # torch autograd
 
 q: (B, Hq, Sq, D), k: (B, Hk, Sk, D), p and dp: (B, Hq, Sq, Sk), lse: (B, Hq, Sq) float32. CUDA tensors run
-on the GPU (on torch's current stream), CPU tensors and numpy arrays on the fp64 CPU backend. Where torch is
+on their GPU (on torch's current stream of that device, whatever device is current), CPU tensors and numpy
+arrays on the fp64 CPU backend. Where torch is
 installed, importing qksoftmax imports it and registers the custom ops torch.ops.qksoftmax.forward,
 backward_recompute and backward_saved_p (docs/PYTORCH.md).
 """

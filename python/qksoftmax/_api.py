@@ -5,17 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._core import (
-    ATTENTION_PROBS,
-    BACKWARD,
-    DEFAULT_SAVE,
-    FORWARD,
-    check_backward,
-    check_forward,
-    run_backward,
-    run_forward,
-)
-from ._frames import numpy_frame, type_name
+import numpy as np
+
+from ._core import ATTENTION_PROBS, BACKWARD, DEFAULT_SAVE, FORWARD, check_options
+from ._core import backward as run_backward
+from ._core import forward as run_forward
+from ._frames import NUMPY, numpy_frame, type_name
 
 try:
     import torch
@@ -28,6 +23,17 @@ else:
 def _is_torch_tensor(x: object) -> bool:
     """Plain enough for torch.compile to trace without a graph break."""
     return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _numpy_call(where: str, q: Any, *tensors: Any) -> None:
+    """q and every other tensor given are numpy arrays (the C++ API would also take a CPU torch tensor beside
+    them, which qksoftmax refuses: outputs follow q's framework); raises the checks' error otherwise."""
+    if isinstance(q, np.ndarray) and all(x is None or isinstance(x, np.ndarray) for _, x in tensors):
+        return
+    numpy_frame(where, q)
+    for name, x in tensors:
+        if x is not None and not isinstance(x, np.ndarray):
+            raise TypeError(f"{where}: {name} must be a numpy.ndarray like q, got {type_name(x)}")
 
 
 def forward(q: Any, k: Any, *, scale: float | None = None, causal: bool = True) -> tuple[Any, Any]:
@@ -50,9 +56,9 @@ def forward(q: Any, k: Any, *, scale: float | None = None, causal: bool = True) 
     """
     if _is_torch_tensor(q):
         return _ops.forward(q, k, scale, causal)
-    frame = numpy_frame(FORWARD, q)
-    scale, causal = check_forward(frame, q, k, scale, causal)
-    return run_forward(frame, q, k, scale, causal)
+    _numpy_call(FORWARD, q, ("k", k))
+    scale, causal = check_options(FORWARD, scale, causal)
+    return run_forward(NUMPY, FORWARD, q, k, scale, causal)
 
 
 def backward(
@@ -86,9 +92,9 @@ def backward(
     """
     if _is_torch_tensor(q):
         return _ops.backward(q, k, dp, p, lse, scale, causal)
-    frame = numpy_frame(BACKWARD, q)
-    scale, causal = check_backward(frame, q, k, dp, p, lse, scale, causal)
-    return run_backward(frame, q, k, dp, p, lse, scale, causal)
+    _numpy_call(BACKWARD, q, ("k", k), ("dp", dp), ("p", p), ("lse", lse))
+    scale, causal = check_options(BACKWARD, scale, causal)
+    return run_backward(NUMPY, BACKWARD, q, k, dp, p, lse, scale, causal)
 
 
 def attention_probs(

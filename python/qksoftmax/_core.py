@@ -1,9 +1,11 @@
-"""Checks, allocation and the calls into qksoftmax._C, for any Frame (numpy or torch).
+"""The calls into qksoftmax._C, and the checks that phrase a refused call's error, for any framework.
 
-check_* look at every argument to phrase errors in Python terms: the public functions call them first (on
-torch tensors in eager mode only). run_* prepare layouts, allocate the outputs and the workspace in q's
-framework and call the C++ API, which validates again. The torch custom ops (_ops) call only run_*: in a
-compiled graph the C++ validation is the check.
+forward / backward lay the inputs out, allocate the outputs in q's framework, and make one plan
+(_C.plan_forward / plan_backward: each tensor described once, the call validated once by the C++ API), whose
+workspace the Runner allocates before running it. Nothing is checked twice on the way: the C++ API is the
+validation. When a call is refused (or an argument is not even an array), check_* look at every argument to
+say which one is wrong in Python terms (TypeError for a type or dtype, ValueError for a shape or device, the
+refusal chained as its context); where they find nothing, the refusal stands.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from . import _C
-from ._frames import Frame, type_name
+from ._frames import Frame, Runner, type_name
 
 # The public functions, as messages name them.
 FORWARD = "qksoftmax.forward"
@@ -32,6 +34,10 @@ K_DIMS = "(B, Hk, Sk, D)"
 P_DIMS = "(B, Hq, Sq, Sk)"
 LSE_DIMS = "(B, Hq, Sq)"
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # the kernels take scale as float32
+
+# What a call with a wrong argument raises before the checks have looked (the C++ API's ValueError, TypeError
+# and NotImplementedError; an attribute or dimension that a non-array or a wrong rank lacks).
+CALL_ERRORS = (TypeError, ValueError, NotImplementedError, IndexError, AttributeError)
 
 
 def check_dims(where: str, name: str, x: Any, dims: str) -> None:
@@ -75,58 +81,78 @@ def _check_q_k(frame: Frame, q: Any, k: Any) -> tuple[int, int, int, int]:
     return batch, q_heads, q_len, k_len
 
 
-def _check_options(frame: Frame, scale: object, causal: object) -> tuple[float | None, bool]:
-    """Checks scale and causal; returns them as the C++ API takes them."""
+def check_options(where: str, scale: object, causal: object) -> tuple[float | None, bool]:
+    """Checks scale and causal (before every call: the C++ binding would take True for 1.0); returns them as
+    the C++ API takes them."""
+    if scale is None and type(causal) is bool:
+        return None, causal
     if not isinstance(causal, (bool, np.bool_)):
-        raise frame.error(TypeError, f"causal must be a bool, got {type_name(causal)}")
+        raise TypeError(f"{where}: causal must be a bool, got {type_name(causal)}")
     if scale is None:
         return None, bool(causal)
     if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real):
-        raise frame.error(TypeError, f"scale must be a real number or None, got {type_name(scale)}")
+        raise TypeError(f"{where}: scale must be a real number or None, got {type_name(scale)}")
     # abs() first: math.isfinite overflows on an int beyond float range (e.g. 10**400).
     if abs(scale) > FLOAT32_MAX or not math.isfinite(scale):
-        raise frame.error(ValueError, f"scale must be finite and within float32 range, got {scale}")
+        raise ValueError(f"{where}: scale must be finite and within float32 range, got {scale}")
     return float(scale), bool(causal)
 
 
-def check_forward(frame: Frame, q: Any, k: Any, scale: object, causal: object) -> tuple[float | None, bool]:
-    """Checks the arguments of a forward call (frame made from q); returns scale and causal, normalised."""
+def check_forward(frame: Frame, q: Any, k: Any) -> None:
+    """Checks the tensors of a forward call (frame made from q)."""
     _check_q_k(frame, q, k)
-    return _check_options(frame, scale, causal)
 
 
-def check_backward(
-    frame: Frame, q: Any, k: Any, dp: Any, p: Any, lse: Any, scale: object, causal: object
-) -> tuple[float | None, bool]:
-    """Checks the arguments of a backward call (frame made from q); returns scale and causal, normalised."""
+def check_backward(frame: Frame, q: Any, k: Any, dp: Any, p: Any, lse: Any) -> None:
+    """Checks the tensors of a backward call (frame made from q)."""
     shape = _check_q_k(frame, q, k)
     _check_operand(frame, "dp", dp, q.dtype, P_DIMS, shape, like="q")
     if p is not None:
         _check_operand(frame, "p", p, q.dtype, P_DIMS, shape, like="q")
     if lse is not None:
         _check_operand(frame, "lse", lse, frame.float32, LSE_DIMS, shape[:-1])
-    return _check_options(frame, scale, causal)
 
 
-def run_forward(frame: Frame, q: Any, k: Any, scale: float | None, causal: bool) -> tuple[Any, Any]:
-    """(p, lse) of q and k, allocated in q's framework (frame) and on its device."""
-    shape = probs_shape(frame.where, q, k)
-    q, k = frame.prepare(q), frame.prepare(k)
-    p = frame.empty(shape, q.dtype)
-    lse = frame.empty(shape[:-1], frame.float32)
-    with frame.launch() as stream:
-        _C.forward(q, k, p, lse, frame.workspace, scale, causal, stream)
+def forward(
+    runner: Runner, where: str, q: Any, k: Any, scale: float | None, causal: bool, explain: bool = True
+) -> tuple[Any, Any]:
+    """(p, lse) of q and k, allocated in q's framework and on its device (scale and causal checked). A refusal
+    is explained by the checks, or left as the C++ API's (explain=False: the ops)."""
+    try:
+        q_shape = q.shape
+        shape = (q_shape[0], q_shape[1], q_shape[2], k.shape[2])
+        q_in, k_in = runner.prepare(q), runner.prepare(k)
+        p = runner.empty(q, shape, q.dtype)
+        lse = runner.empty(q, shape[:-1], runner.float32)
+        runner.launch(_C.plan_forward(q_in, k_in, p, lse, scale, causal), q)
+    except CALL_ERRORS:
+        if explain:
+            check_forward(runner.frame(where, q), q, k)
+        raise
     return p, lse
 
 
-def run_backward(
-    frame: Frame, q: Any, k: Any, dp: Any, p: Any, lse: Any, scale: float | None, causal: bool
+def backward(
+    runner: Runner,
+    where: str,
+    q: Any,
+    k: Any,
+    dp: Any,
+    p: Any,
+    lse: Any,
+    scale: float | None,
+    causal: bool,
+    explain: bool = True,
 ) -> tuple[Any, Any]:
-    """(dq, dk) from dp: saved-P mode when p is given, recompute mode otherwise (frame made from q)."""
-    probs_shape(frame.where, q, k)
-    q, k, dp, p, lse = (None if x is None else frame.prepare(x) for x in (q, k, dp, p, lse))
-    dq = frame.empty(tuple(q.shape), q.dtype)
-    dk = frame.empty(tuple(k.shape), k.dtype)
-    with frame.launch() as stream:
-        _C.backward(q, k, dp, p, lse, dq, dk, frame.workspace, scale, causal, stream)
+    """(dq, dk) from dp: saved-P mode when p is given, recompute mode otherwise (scale and causal checked). A
+    refusal is explained as forward's is."""
+    try:
+        dq = runner.empty(q, tuple(q.shape), q.dtype)
+        dk = runner.empty(q, tuple(k.shape), q.dtype)
+        inputs = (None if x is None else runner.prepare(x) for x in (q, k, dp, p, lse))
+        runner.launch(_C.plan_backward(*inputs, dq, dk, scale, causal), q)
+    except CALL_ERRORS:
+        if explain:
+            check_backward(runner.frame(where, q), q, k, dp, p, lse)
+        raise
     return dq, dk

@@ -1,14 +1,16 @@
-"""What qksoftmax needs from an array framework (numpy or torch), behind one interface.
+"""What qksoftmax needs from an array framework (numpy or torch), in two parts.
 
-A call's Frame is taken from its first tensor, q: every other tensor must be of the same framework, on the
-same device, and outputs and the workspace are allocated there. torch is imported only by a TorchFrame.
+A Runner (one per framework: NUMPY, torch's in _ops) is what every call does: lay inputs out as the C++ API
+takes them, allocate outputs and the workspace on q's device, launch a plan there. It checks nothing: the C++
+API validates each call once.
+
+A Frame (one per failed call, taken from its first tensor q) is what the checks need to phrase an error in
+Python terms: every other tensor must be of q's framework, on q's device, of a supported dtype.
 """
 
 from __future__ import annotations
 
-import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -16,12 +18,67 @@ import numpy as np
 from . import _C
 
 NO_STREAM = 0  # the stream argument of a CPU call
+NO_WORKSPACE = 0
 
 
 def type_name(x: object) -> str:
     """The qualified name of x's type, as messages show it: list, numpy.ndarray, torch.Tensor."""
     cls = type(x)
     return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def aligned_address(buffer_address: int) -> int:
+    """The first address at or after buffer_address aligned as the C++ API asks of a workspace."""
+    return buffer_address + -buffer_address % _C.WORKSPACE_ALIGNMENT
+
+
+class Runner(ABC):
+    """How calls run on one framework's arrays."""
+
+    float32: Any
+
+    @abstractmethod
+    def prepare(self, x: Any) -> Any:
+        """x as the C++ API takes it: x itself, or a copy where its layout is not accepted."""
+
+    @abstractmethod
+    def empty(self, q: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+        """An uninitialised array of q's framework, on q's device."""
+
+    @abstractmethod
+    def launch(self, plan: _C.Plan, q: Any) -> None:
+        """Runs a plan whose tensors are on q's device, with a workspace allocated there."""
+
+    @abstractmethod
+    def frame(self, where: str, q: Any) -> Frame:
+        """The Frame of a call (named `where`) whose first tensor is q; raises if q cannot be one."""
+
+
+class NumpyRunner(Runner):
+    float32 = np.dtype(np.float32)
+
+    def prepare(self, x: np.ndarray) -> np.ndarray:
+        # The C++ API takes non-negative strides in whole elements; the CPU backend any such layout.
+        in_elements = all(stride >= 0 and stride % x.itemsize == 0 for stride in x.strides)
+        if in_elements and x.flags.aligned:
+            return x
+        # A fresh allocation, aligned and contiguous (np.ascontiguousarray keeps a contiguous misaligned view).
+        return np.array(x, order="C")
+
+    def empty(self, q: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        return np.empty(shape, dtype)
+
+    def launch(self, plan: _C.Plan, q: np.ndarray) -> None:
+        nbytes = plan.workspace_bytes  # 0: the CPU backend needs none
+        workspace = np.empty(nbytes + _C.WORKSPACE_ALIGNMENT - 1, np.uint8) if nbytes else None
+        address = aligned_address(workspace.ctypes.data) if nbytes else NO_WORKSPACE
+        plan.run(address, nbytes, NO_STREAM)
+
+    def frame(self, where: str, q: Any) -> Frame:
+        return numpy_frame(where, q)
+
+
+NUMPY = NumpyRunner()
 
 
 class Frame(ABC):
@@ -55,15 +112,6 @@ class Frame(ABC):
             source = f" like {like}" if like else ""
             raise self.error(TypeError, f"{name} must have dtype {dtype}{source}, got {x.dtype}")
 
-    def workspace(self, nbytes: int) -> Any:
-        """nbytes of scratch memory on q's device, aligned as the C++ API asks; None when nbytes is 0."""
-        if nbytes == 0:
-            return None
-        alignment = _C.WORKSPACE_ALIGNMENT
-        raw = self.raw_bytes(nbytes + alignment - 1)
-        offset = -self.address(raw) % alignment
-        return raw[offset : offset + nbytes]
-
     def check_device_of_q(self) -> None:
         """Raises ValueError when q is on a device that qksoftmax does not run on."""
 
@@ -72,23 +120,6 @@ class Frame(ABC):
 
     @abstractmethod
     def device(self, x: Any) -> Any: ...
-
-    @abstractmethod
-    def prepare(self, x: Any) -> Any:
-        """x as the C++ API takes it: a view of x, or a copy where its layout is not accepted."""
-
-    @abstractmethod
-    def empty(self, shape: tuple[int, ...], dtype: Any) -> Any: ...
-
-    @abstractmethod
-    def raw_bytes(self, nbytes: int) -> Any: ...
-
-    @abstractmethod
-    def address(self, buffer: Any) -> int: ...
-
-    @abstractmethod
-    def launch(self) -> contextlib.AbstractContextManager[int]:
-        """Context of the C++ call: yields the stream to pass (NO_STREAM on the CPU)."""
 
 
 class NumpyFrame(Frame):
@@ -105,27 +136,6 @@ class NumpyFrame(Frame):
     def device(self, x: np.ndarray) -> str:
         return "cpu"
 
-    def prepare(self, x: np.ndarray) -> np.ndarray:
-        # The C++ API takes non-negative strides in whole elements; the CPU backend any such layout.
-        in_elements = all(stride >= 0 and stride % x.itemsize == 0 for stride in x.strides)
-        if in_elements and x.flags.aligned:
-            return x
-        # A fresh allocation, aligned and contiguous (np.ascontiguousarray keeps a contiguous misaligned view).
-        return np.array(x, order="C")
-
-    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        return np.empty(shape, dtype)
-
-    def raw_bytes(self, nbytes: int) -> np.ndarray:
-        return np.empty(nbytes, np.uint8)
-
-    def address(self, buffer: np.ndarray) -> int:
-        return buffer.ctypes.data
-
-    @contextlib.contextmanager
-    def launch(self) -> Iterator[int]:
-        yield NO_STREAM
-
 
 class TorchFrame(Frame):
     kind = "torch.Tensor"
@@ -134,7 +144,6 @@ class TorchFrame(Frame):
     def __init__(self, where: str, q: Any) -> None:
         import torch
 
-        self.torch = torch
         self.dtypes = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
         self.float32 = torch.float32
         super().__init__(where, q)
@@ -148,35 +157,12 @@ class TorchFrame(Frame):
             raise self.error(ValueError, f"q must be on the CPU or a CUDA device, got {self.q.device}")
 
     def is_mine(self, x: object) -> bool:
-        return isinstance(x, self.torch.Tensor)
+        import torch
+
+        return isinstance(x, torch.Tensor)
 
     def device(self, x: Any) -> Any:
         return x.device
-
-    def prepare(self, x: Any) -> Any:
-        # On CUDA the C++ API needs the last dimension dense; the CPU backend takes any strides.
-        x = x.detach()
-        if x.device.type == "cuda" and x.dim() > 0 and x.size(-1) > 1 and x.stride(-1) != 1:
-            x = x.contiguous()
-        return x
-
-    def empty(self, shape: tuple[int, ...], dtype: Any) -> Any:
-        return self.torch.empty(shape, dtype=dtype, device=self.q.device)
-
-    def raw_bytes(self, nbytes: int) -> Any:
-        return self.empty((nbytes,), self.torch.uint8)
-
-    def address(self, buffer: Any) -> int:
-        return buffer.data_ptr()
-
-    @contextlib.contextmanager
-    def launch(self) -> Iterator[int]:
-        device = self.q.device
-        if device.type != "cuda":
-            yield NO_STREAM
-            return
-        with self.torch.cuda.device(device):
-            yield self.torch.cuda.current_stream(device).cuda_stream
 
 
 def numpy_frame(where: str, q: object) -> NumpyFrame:

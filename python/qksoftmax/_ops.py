@@ -6,7 +6,8 @@
 
 scale is a float or None (1 / sqrt(D)), causal a bool; save ("p" or "lse") is what the forward keeps for its
 backward (see qksoftmax.attention_probs). Every op allocates its outputs (contiguous) and its workspace with
-torch.empty, through the caching allocator, runs on the current CUDA stream and writes none of its inputs:
+torch.empty, through the caching allocator, runs on the current CUDA stream of its tensors' device (whatever
+device is current) and writes none of its inputs:
 the ops run in eager mode, under torch.compile (fake implementations; no graph breaks) and inside CUDA graph
 capture. The package imports this module whenever torch is installed, so that the ops exist before
 torch.compile traces a call.
@@ -32,15 +33,59 @@ from ._core import (
     SAVE_P,
     check_backward,
     check_forward,
+    check_options,
     probs_shape,
-    run_backward,
-    run_forward,
 )
-from ._frames import TorchFrame
+from ._core import backward as run_backward
+from ._core import forward as run_forward
+from . import _C
+from ._frames import NO_STREAM, NO_WORKSPACE, Frame, Runner, TorchFrame, aligned_address
 
 FORWARD_OP = "qksoftmax::forward"
 BACKWARD_RECOMPUTE_OP = "qksoftmax::backward_recompute"
 BACKWARD_SAVED_P_OP = "qksoftmax::backward_saved_p"
+
+# The raw cudaStream_t of a device's current stream, without making a torch.cuda.Stream (inductor's own
+# generated code calls the same function).
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def current_stream(device_index: int) -> int:
+    if _raw_stream is not None:
+        return _raw_stream(device_index)
+    return torch.cuda.current_stream(device_index).cuda_stream
+
+
+class TorchRunner(Runner):
+    float32 = torch.float32
+
+    def prepare(self, x: Tensor) -> Tensor:
+        # On CUDA the C++ API needs the last dimension dense; the CPU backend takes any strides.
+        if x.is_cuda and x.dim() > 0 and x.stride(-1) != 1 and x.size(-1) > 1:
+            return x.detach().contiguous()
+        return x
+
+    def empty(self, q: Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+        return q.new_empty(shape, dtype=dtype)
+
+    def launch(self, plan: Any, q: Tensor) -> None:
+        """On CUDA: the workspace from the caching allocator and the launch on the current stream of q's device
+        (the plan's), whatever device is current; the workspace is freed once launched (stream-ordered reuse)."""
+        nbytes = plan.workspace_bytes
+        if not q.is_cuda:
+            plan.run(NO_WORKSPACE, nbytes, NO_STREAM)  # the CPU backend needs none: nbytes is 0
+            return
+        address = NO_WORKSPACE
+        if nbytes:
+            workspace = torch.empty(nbytes + _C.WORKSPACE_ALIGNMENT - 1, dtype=torch.uint8, device=q.device)
+            address = aligned_address(workspace.data_ptr())
+        plan.run(address, nbytes, current_stream(plan.device_index))
+
+    def frame(self, where: str, q: Any) -> Frame:
+        return TorchFrame(where, q)
+
+
+TORCH = TorchRunner()
 
 
 def check_save(where: str, save: object) -> None:
@@ -51,7 +96,7 @@ def check_save(where: str, save: object) -> None:
 @torch.library.custom_op(FORWARD_OP, mutates_args=())
 def forward_op(q: Tensor, k: Tensor, scale: Optional[float], causal: bool, save: str) -> tuple[Tensor, Tensor]:
     check_save(FORWARD_OP, save)
-    return run_forward(TorchFrame(FORWARD_OP, q), q, k, scale, causal)
+    return run_forward(TORCH, FORWARD_OP, q, k, scale, causal, explain=False)
 
 
 @forward_op.register_fake
@@ -65,14 +110,14 @@ def _forward_fake(q: Tensor, k: Tensor, scale: Optional[float], causal: bool, sa
 def backward_recompute_op(
     q: Tensor, k: Tensor, dp: Tensor, lse: Optional[Tensor], scale: Optional[float], causal: bool
 ) -> tuple[Tensor, Tensor]:
-    return run_backward(TorchFrame(BACKWARD_RECOMPUTE_OP, q), q, k, dp, None, lse, scale, causal)
+    return run_backward(TORCH, BACKWARD_RECOMPUTE_OP, q, k, dp, None, lse, scale, causal, explain=False)
 
 
 @torch.library.custom_op(BACKWARD_SAVED_P_OP, mutates_args=())
 def backward_saved_p_op(
     q: Tensor, k: Tensor, p: Tensor, dp: Tensor, scale: Optional[float], causal: bool
 ) -> tuple[Tensor, Tensor]:
-    return run_backward(TorchFrame(BACKWARD_SAVED_P_OP, q), q, k, dp, p, None, scale, causal)
+    return run_backward(TORCH, BACKWARD_SAVED_P_OP, q, k, dp, p, None, scale, causal, explain=False)
 
 
 def _gradients_fake(where: str, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
@@ -119,23 +164,29 @@ forward_op.register_autograd(_backward, setup_context=_setup_context)
 _PLAIN_TYPES = (Tensor, torch.nn.Parameter)
 
 
+try:
+    _dispatch_modes = torch._C._len_torch_dispatch_stack
+    _function_modes = torch._C._is_torch_function_mode_enabled
+    _transforms = torch._C._functorch.peek_interpreter_stack
+except AttributeError:  # this torch cannot tell: the ops are always right
+    _dispatch_modes = _function_modes = _transforms = None
+
+
 def _modes_active() -> bool:
     """A dispatch or torch-function mode or a functorch transform is active (True when this torch cannot
-    tell: the ops are always right)."""
-    try:
-        return bool(
-            torch._C._len_torch_dispatch_stack()
-            or torch._C._is_torch_function_mode_enabled()
-            or torch._C._functorch.peek_interpreter_stack() is not None
-        )
-    except AttributeError:
+    tell)."""
+    if _dispatch_modes is None:
         return True
+    return bool(_dispatch_modes() or _function_modes() or _transforms() is not None)
 
 
 def plain_eager(*tensors: Optional[Tensor]) -> bool:
     """An eager call (the callers have asked torch.compiler.is_compiling() already) may skip the ops: plain
     tensors (no subclass: fake, functional, DTensor, ...), no mode or transform that would intercept the ops."""
-    return all(x is None or type(x) in _PLAIN_TYPES for x in tensors) and not _modes_active()
+    for x in tensors:
+        if x is not None and type(x) not in _PLAIN_TYPES:
+            return False
+    return not _modes_active()
 
 
 class _AttentionProbs(torch.autograd.Function):
@@ -144,7 +195,7 @@ class _AttentionProbs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, scale: Optional[float], causal: bool, save: str) -> Tensor:
-        p, lse = run_forward(TorchFrame(FORWARD_OP, q), q, k, scale, causal)
+        p, lse = run_forward(TORCH, ATTENTION_PROBS, q, k, scale, causal)
         ctx.save_for_backward(q, k, p if save == SAVE_P else lse)
         ctx.scale, ctx.causal, ctx.save = scale, causal, save
         return p
@@ -154,34 +205,34 @@ class _AttentionProbs(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph: the ops' node refuses a second backward instead of a silent 0
             return _backward(ctx, dp, None)
         q, k, kept = ctx.saved_tensors
-        saved_p = ctx.save == SAVE_P
-        frame = TorchFrame(BACKWARD_SAVED_P_OP if saved_p else BACKWARD_RECOMPUTE_OP, q)
-        p, lse = (kept, None) if saved_p else (None, kept)  # run_backward picks the mode from p
-        return (*run_backward(frame, q, k, dp, p, lse, ctx.scale, ctx.causal), None, None, None)
+        p, lse = (kept, None) if ctx.save == SAVE_P else (None, kept)  # run_backward picks the mode from p
+        return (*run_backward(TORCH, ATTENTION_PROBS, q, k, dp, p, lse, ctx.scale, ctx.causal), None, None, None)
 
 
-# The public functions on torch tensors. Arguments are checked in eager mode only, where the checks phrase
-# errors in the caller's terms; a compiled graph calls the ops, which the C++ API validates.
+# The public functions on torch tensors. In eager mode scale and causal are checked first (the C++ binding
+# would take True for 1.0); on plain tensors the call goes to the C++ API, whose validation is the only one
+# (the checks phrase its refusals); other eager tensors are checked, then handed to the ops. A compiled graph
+# calls the ops, which the C++ API validates.
 
 
 def forward(q: Tensor, k: Tensor, scale: object, causal: object) -> tuple[Tensor, Tensor]:
-    eager = not torch.compiler.is_compiling()
-    if eager:
-        scale, causal = check_forward(TorchFrame(FORWARD, q), q, k, scale, causal)
-    if eager and plain_eager(q, k):
-        return run_forward(TorchFrame(FORWARD, q), q.detach(), k.detach(), scale, causal)
+    if not torch.compiler.is_compiling():
+        scale, causal = check_options(FORWARD, scale, causal)
+        if plain_eager(q, k):
+            return run_forward(TORCH, FORWARD, q, k, scale, causal)
+        check_forward(TorchFrame(FORWARD, q), q, k)
     return torch.ops.qksoftmax.forward(q.detach(), k.detach(), scale, causal, DEFAULT_SAVE)
 
 
 def backward(
     q: Tensor, k: Tensor, dp: Tensor, p: Optional[Tensor], lse: Optional[Tensor], scale: object, causal: object
 ) -> tuple[Tensor, Tensor]:
-    eager = not torch.compiler.is_compiling()
-    if eager:
-        scale, causal = check_backward(TorchFrame(BACKWARD, q), q, k, dp, p, lse, scale, causal)
+    if not torch.compiler.is_compiling():
+        scale, causal = check_options(BACKWARD, scale, causal)
+        if plain_eager(q, k, dp, p, lse):
+            return run_backward(TORCH, BACKWARD, q, k, dp, p, lse, scale, causal)
+        check_backward(TorchFrame(BACKWARD, q), q, k, dp, p, lse)
     q, k, dp, p, lse = (None if x is None else x.detach() for x in (q, k, dp, p, lse))
-    if eager and plain_eager(q, k, dp, p, lse):
-        return run_backward(TorchFrame(BACKWARD, q), q, k, dp, p, lse, scale, causal)
     if p is None:
         return torch.ops.qksoftmax.backward_recompute(q, k, dp, lse, scale, causal)
     return torch.ops.qksoftmax.backward_saved_p(q, k, p, dp, scale, causal)
@@ -189,10 +240,10 @@ def backward(
 
 def attention_probs(q: Tensor, k: Tensor, scale: object, causal: object, save: object) -> Tensor:
     check_save(ATTENTION_PROBS, save)
-    eager = not torch.compiler.is_compiling()
-    if eager:
-        scale, causal = check_forward(TorchFrame(ATTENTION_PROBS, q), q, k, scale, causal)
-    if eager and plain_eager(q, k):
-        return _AttentionProbs.apply(q, k, scale, causal, save)
+    if not torch.compiler.is_compiling():
+        scale, causal = check_options(ATTENTION_PROBS, scale, causal)
+        if plain_eager(q, k):
+            return _AttentionProbs.apply(q, k, scale, causal, save)
+        check_forward(TorchFrame(ATTENTION_PROBS, q), q, k)
     p, _ = torch.ops.qksoftmax.forward(q, k, scale, causal, save)
     return p

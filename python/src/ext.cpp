@@ -1,17 +1,25 @@
 // qksoftmax._C: the nanobind binding of the C++ API (include/qksoftmax/qksoftmax.h).
 //
-// Thin by design: every tensor arrives as a DLPack-capable array (torch, numpy, ...) of any dtype, device
-// and strides, is described as a qksoftmax::TensorDesc, and the C++ API does the validation. Outputs and
-// the workspace are allocated by the Python layer (python/qksoftmax), which also gives friendlier errors.
+// One entry per operation: plan_forward / plan_backward describe each tensor once, validate the call once
+// (qksoftmax::plan_forward / plan_backward) and return a Plan that knows the workspace the call needs;
+// Plan.run launches it with the caller's workspace and stream. The Python layer (python/qksoftmax) allocates
+// the outputs before the plan and the workspace between plan and run: nothing here calls back into Python.
+//
+// Tensors: a torch.Tensor is described from its own attributes (data_ptr, shape, stride, dtype, device),
+// which costs a fraction of a DLPack export (torch's __dlpack__ is Python code) and declares the tensor's
+// CUDA device (TensorDesc::device_index), so the library asks the driver nothing about its pointer. Any other
+// array (numpy, or anything with __dlpack__) goes through nanobind's ndarray, its device as DLPack gives it.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
 
+#include "counters.h"
 #include "qksoftmax/qksoftmax.h"
 
 namespace nb = nanobind;
@@ -19,10 +27,10 @@ using namespace nb::literals;
 
 namespace {
 
-using Input = nb::ndarray<nb::ro>;  // read-only views are fine for inputs (numpy broadcasts, ...)
-using Output = nb::ndarray<>;
-using OptionalInput = std::optional<Input>;
-using OptionalOutput = std::optional<Output>;
+constexpr size_t kMaxTensors = 7;  // backward: q, k, dp, p, lse, dq, dk
+constexpr int kDTypes = 4;         // qksoftmax::DType's values, in order
+
+uint64_t conversions = 0;  // tensors described (under the GIL), for counters()
 
 [[noreturn]] void raise(PyObject* type, const std::string& message) {
   PyErr_SetString(type, message.c_str());
@@ -38,6 +46,107 @@ void check(const qksoftmax::Status& status) {
   }
 }
 
+[[noreturn]] void raise_dtype(const char* name) {
+  raise(PyExc_TypeError, std::string(name) + " must have dtype bfloat16, float16, float32 or float64");
+}
+
+// torch's tensor type and dtypes, looked up once torch has been imported (by the caller: a torch tensor
+// cannot exist before), and the attribute names asked of a tensor, interned.
+struct Torch {
+  nb::object tensor_type;
+  std::array<nb::object, kDTypes> dtypes;  // torch.bfloat16, float16, float32, float64
+  nb::object strided;                      // the layout of a dense tensor
+  nb::object data_ptr, shape, stride, dtype, is_cuda, is_cpu, get_device, device, layout;
+};
+
+const Torch* torch_api() {
+  // Filled once, under the GIL, and never freed: Python objects must not be released after the interpreter.
+  static const Torch* api = nullptr;
+  if (api) return api;
+  PyObject* module = PyImport_GetModule(nb::str("torch").ptr());
+  if (module == nullptr) {
+    if (PyErr_Occurred()) throw nb::python_error();
+    return nullptr;
+  }
+  const nb::object torch = nb::steal(module);
+  Torch t;
+  t.tensor_type = torch.attr("Tensor");
+  const char* dtype_names[kDTypes] = {"bfloat16", "float16", "float32", "float64"};
+  for (int i = 0; i < kDTypes; ++i) t.dtypes[size_t(i)] = torch.attr(dtype_names[i]);
+  t.strided = torch.attr("strided");
+  for (auto [field, name] : {std::pair{&t.data_ptr, "data_ptr"}, {&t.shape, "shape"}, {&t.stride, "stride"},
+                             {&t.dtype, "dtype"}, {&t.is_cuda, "is_cuda"}, {&t.is_cpu, "is_cpu"},
+                             {&t.get_device, "get_device"}, {&t.device, "device"}, {&t.layout, "layout"}}) {
+    PyObject* interned = PyUnicode_InternFromString(name);
+    if (interned == nullptr) throw nb::python_error();
+    *field = nb::steal(interned);
+  }
+  api = new Torch(std::move(t));
+  return api;
+}
+
+nb::object attribute(nb::handle obj, const nb::object& name) {
+  PyObject* value = PyObject_GetAttr(obj.ptr(), name.ptr());
+  if (value == nullptr) throw nb::python_error();
+  return nb::steal(value);
+}
+
+nb::object call_method(nb::handle obj, const nb::object& name) {
+  PyObject* value = PyObject_CallMethodNoArgs(obj.ptr(), name.ptr());
+  if (value == nullptr) throw nb::python_error();
+  return nb::steal(value);
+}
+
+int64_t to_int64(nb::handle value) {
+  const long long v = PyLong_AsLongLong(value.ptr());
+  if (v == -1 && PyErr_Occurred()) throw nb::python_error();
+  return v;
+}
+
+void check_rank(size_t rank, const char* name) {
+  if (rank > size_t(qksoftmax::kMaxRank)) raise(PyExc_ValueError, std::string(name) + " has too many dimensions");
+}
+
+qksoftmax::TensorDesc describe_torch(const Torch& torch, nb::handle t, const char* name) {
+  qksoftmax::TensorDesc desc;
+  const nb::object dtype = attribute(t, torch.dtype);
+  int code = 0;
+  while (code < kDTypes && !dtype.is(torch.dtypes[size_t(code)])) ++code;
+  if (code == kDTypes) raise_dtype(name);
+  desc.dtype = qksoftmax::DType(code);
+  if (attribute(t, torch.is_cuda).is(Py_True)) {
+    desc.device = qksoftmax::Device::kCUDA;
+    desc.device_index = int(to_int64(call_method(t, torch.get_device)));
+  } else if (!attribute(t, torch.is_cpu).is(Py_True)) {
+    raise(PyExc_ValueError, std::string(name) + " must be on the CPU or a CUDA device, got " +
+                                nb::cast<std::string>(nb::str(attribute(t, torch.device))));
+  }
+  const nb::object shape = attribute(t, torch.shape);
+  const nb::object strides = call_method(t, torch.stride);
+  if (!PyTuple_Check(shape.ptr()) || !PyTuple_Check(strides.ptr()) ||
+      PyTuple_GET_SIZE(shape.ptr()) != PyTuple_GET_SIZE(strides.ptr())) {
+    raise(PyExc_TypeError, std::string(name) + ": a torch.Tensor whose shape and stride() are not tuples");
+  }
+  const size_t rank = size_t(PyTuple_GET_SIZE(shape.ptr()));
+  check_rank(rank, name);
+  desc.rank = int(rank);
+  for (size_t i = 0; i < rank; ++i) {
+    desc.shape[i] = to_int64(PyTuple_GET_ITEM(shape.ptr(), Py_ssize_t(i)));
+    desc.stride[i] = to_int64(PyTuple_GET_ITEM(strides.ptr(), Py_ssize_t(i)));
+  }
+  PyObject* address = PyObject_CallMethodNoArgs(t.ptr(), torch.data_ptr.ptr());
+  if (address == nullptr) {  // sparse and other layouts have no data pointer to describe
+    nb::python_error error;
+    const nb::object layout = attribute(t, torch.layout);
+    if (layout.is(torch.strided)) throw error;
+    raise(PyExc_TypeError, std::string(name) + " must be a strided (dense) torch.Tensor, got layout " +
+                               nb::cast<std::string>(nb::str(layout)));
+  }
+  desc.data = PyLong_AsVoidPtr(nb::steal(address).ptr());
+  if (desc.data == nullptr && PyErr_Occurred()) throw nb::python_error();
+  return desc;
+}
+
 qksoftmax::DType to_dtype(nb::dlpack::dtype dtype, const char* name) {
   const auto code = static_cast<nb::dlpack::dtype_code>(dtype.code);
   if (dtype.lanes == 1) {
@@ -46,24 +155,21 @@ qksoftmax::DType to_dtype(nb::dlpack::dtype dtype, const char* name) {
     if (code == nb::dlpack::dtype_code::Float && dtype.bits == 32) return qksoftmax::DType::kFloat32;
     if (code == nb::dlpack::dtype_code::Float && dtype.bits == 64) return qksoftmax::DType::kFloat64;
   }
-  raise(PyExc_TypeError, std::string(name) + " must have dtype bfloat16, float16, float32 or float64");
+  raise_dtype(name);
 }
 
-qksoftmax::Device to_device(int device_type, const char* name) {
-  if (device_type == nb::device::cpu::value) return qksoftmax::Device::kCPU;
-  if (device_type == nb::device::cuda::value) return qksoftmax::Device::kCUDA;
-  raise(PyExc_ValueError, std::string(name) + " must be on the CPU or a CUDA device");
-}
-
-template <typename Array>
-qksoftmax::TensorDesc describe(const Array& array, const char* name) {
+template <class Array>
+qksoftmax::TensorDesc describe_array(const Array& array, const char* name) {
   qksoftmax::TensorDesc desc;
-  if (array.ndim() > static_cast<size_t>(qksoftmax::kMaxRank)) {
-    raise(PyExc_ValueError, std::string(name) + " has too many dimensions");
-  }
+  check_rank(array.ndim(), name);
   desc.data = const_cast<void*>(static_cast<const void*>(array.data()));
   desc.dtype = to_dtype(array.dtype(), name);
-  desc.device = to_device(array.device_type(), name);
+  if (array.device_type() == nb::device::cuda::value) {
+    desc.device = qksoftmax::Device::kCUDA;
+    desc.device_index = array.device_id();
+  } else if (array.device_type() != nb::device::cpu::value) {
+    raise(PyExc_ValueError, std::string(name) + " must be on the CPU or a CUDA device");
+  }
   desc.rank = static_cast<int>(array.ndim());
   for (int i = 0; i < desc.rank; ++i) {
     desc.shape[i] = static_cast<int64_t>(array.shape(i));
@@ -72,9 +178,25 @@ qksoftmax::TensorDesc describe(const Array& array, const char* name) {
   return desc;
 }
 
-template <typename Array>
-qksoftmax::TensorDesc describe(const std::optional<Array>& array, const char* name) {
-  return array ? describe(*array, name) : qksoftmax::TensorDesc{};
+enum class Access : uint8_t { kRead, kWrite };
+
+// The one conversion of a tensor argument (None: absent).
+qksoftmax::TensorDesc describe(nb::handle obj, const char* name, Access access) {
+  if (obj.is_none()) return {};
+  ++conversions;
+  if (const Torch* torch = torch_api(); torch && PyObject_TypeCheck(obj.ptr(), (PyTypeObject*)torch->tensor_type.ptr())) {
+    return describe_torch(*torch, obj, name);
+  }
+  if (access == Access::kRead) {
+    nb::ndarray<nb::ro> array;
+    if (nb::try_cast(obj, array, false)) return describe_array(array, name);
+  } else {
+    nb::ndarray<> array;
+    if (nb::try_cast(obj, array, false)) return describe_array(array, name);
+  }
+  raise(PyExc_TypeError, std::string(name) + " must be a torch.Tensor or an array (buffer protocol or DLPack)" +
+                             (access == Access::kWrite ? ", writable" : "") + ", got " +
+                             nb::cast<std::string>(nb::str(nb::handle(Py_TYPE(obj.ptr())).attr("__name__"))));
 }
 
 qksoftmax::Options make_options(std::optional<double> scale, bool causal, qksoftmax::BackwardMode mode) {
@@ -85,90 +207,52 @@ qksoftmax::Options make_options(std::optional<double> scale, bool causal, qksoft
   return options;
 }
 
-qksoftmax::BackwardMode backward_mode(const OptionalInput& p) {
-  return p ? qksoftmax::BackwardMode::kSavedP : qksoftmax::BackwardMode::kRecompute;
-}
-
-qksoftmax::ForwardArgs forward_args(const Input& q, const Input& k, const Output& p, const OptionalOutput& lse) {
-  return {describe(q, "q"), describe(k, "k"), describe(p, "p"), describe(lse, "lse")};
-}
-
-qksoftmax::BackwardArgs backward_args(const Input& q, const Input& k, const Input& dp, const OptionalInput& p,
-                                      const OptionalInput& lse, const Output& dq, const Output& dk) {
-  return {describe(q, "q"),     describe(k, "k"),   describe(dp, "dp"), describe(p, "p"),
-          describe(lse, "lse"), describe(dq, "dq"), describe(dk, "dk")};
-}
-
-struct Workspace {
-  void* data = nullptr;
-  size_t bytes = 0;
+// A validated call and the tensors it points into, kept alive as long as the plan is.
+struct Plan {
+  qksoftmax::Plan plan;
+  std::array<nb::object, kMaxTensors> tensors;
 };
 
-Workspace workspace_of(const OptionalOutput& workspace) {
-  if (!workspace) return {};
-  return {workspace->data(), workspace->nbytes()};
+Plan plan_forward(nb::handle q, nb::handle k, nb::handle p, nb::handle lse, std::optional<double> scale, bool causal) {
+  const qksoftmax::ForwardArgs args{describe(q, "q", Access::kRead), describe(k, "k", Access::kRead),
+                                    describe(p, "p", Access::kWrite), describe(lse, "lse", Access::kWrite)};
+  Plan plan;
+  check(qksoftmax::plan_forward(args, make_options(scale, causal, qksoftmax::BackwardMode::kRecompute), &plan.plan));
+  plan.tensors = {nb::borrow(q), nb::borrow(k), nb::borrow(p), nb::borrow(lse)};
+  return plan;
 }
 
-// The workspace of a call, from the caller's allocator (bytes → an array of at least that many bytes, aligned
-// as kWorkspaceAlignment asks): none when the call needs none or no allocator is given (then the C++ API
-// reports the missing workspace). Sizing inside the call converts each tensor once, not once per query.
-OptionalOutput allocate_workspace(size_t bytes, const nb::object& allocate) {
-  if (bytes == 0 || allocate.is_none()) return std::nullopt;
-  return nb::cast<Output>(allocate(bytes));
+Plan plan_backward(nb::handle q, nb::handle k, nb::handle dp, nb::handle p, nb::handle lse, nb::handle dq,
+                   nb::handle dk, std::optional<double> scale, bool causal) {
+  const qksoftmax::BackwardArgs args{
+      describe(q, "q", Access::kRead),    describe(k, "k", Access::kRead),     describe(dp, "dp", Access::kRead),
+      describe(p, "p", Access::kRead),    describe(lse, "lse", Access::kRead), describe(dq, "dq", Access::kWrite),
+      describe(dk, "dk", Access::kWrite)};
+  const auto mode = p.is_none() ? qksoftmax::BackwardMode::kRecompute : qksoftmax::BackwardMode::kSavedP;
+  Plan plan;
+  check(qksoftmax::plan_backward(args, make_options(scale, causal, mode), &plan.plan));
+  plan.tensors = {nb::borrow(q),  nb::borrow(k),  nb::borrow(dp), nb::borrow(p),
+                  nb::borrow(lse), nb::borrow(dq), nb::borrow(dk)};
+  return plan;
 }
 
-CUstream_st* to_stream(uintptr_t stream) { return reinterpret_cast<CUstream_st*>(stream); }
-
-size_t forward_workspace_size(const Input& q, const Input& k, const Output& p, const OptionalOutput& lse,
-                              std::optional<double> scale, bool causal) {
-  const auto args = forward_args(q, k, p, lse);
-  const auto options = make_options(scale, causal, qksoftmax::BackwardMode::kRecompute);
-  size_t bytes = 0;
-  check(qksoftmax::forward_workspace_size(args, options, &bytes));
-  return bytes;
-}
-
-void forward(const Input& q, const Input& k, const Output& p, const OptionalOutput& lse, const nb::object& allocate,
-             std::optional<double> scale, bool causal, uintptr_t stream) {
-  const auto args = forward_args(q, k, p, lse);
-  const auto options = make_options(scale, causal, qksoftmax::BackwardMode::kRecompute);
-  size_t bytes = 0;
-  check(qksoftmax::forward_workspace_size(args, options, &bytes));
-  const OptionalOutput workspace = allocate_workspace(bytes, allocate);
-  const Workspace ws = workspace_of(workspace);
+void run(const Plan& self, uintptr_t workspace, size_t workspace_bytes, uintptr_t stream) {
   qksoftmax::Status status;
   {
     nb::gil_scoped_release release;
-    status = qksoftmax::forward(args, options, ws.data, ws.bytes, to_stream(stream));
+    status = self.plan.run(reinterpret_cast<void*>(workspace), workspace_bytes,
+                           reinterpret_cast<CUstream_st*>(stream));
   }
   check(status);
 }
 
-size_t backward_workspace_size(const Input& q, const Input& k, const Input& dp, const OptionalInput& p,
-                               const OptionalInput& lse, const Output& dq, const Output& dk,
-                               std::optional<double> scale, bool causal) {
-  const auto args = backward_args(q, k, dp, p, lse, dq, dk);
-  const auto options = make_options(scale, causal, backward_mode(p));
-  size_t bytes = 0;
-  check(qksoftmax::backward_workspace_size(args, options, &bytes));
-  return bytes;
-}
-
-void backward(const Input& q, const Input& k, const Input& dp, const OptionalInput& p, const OptionalInput& lse,
-              const Output& dq, const Output& dk, const nb::object& allocate, std::optional<double> scale,
-              bool causal, uintptr_t stream) {
-  const auto args = backward_args(q, k, dp, p, lse, dq, dk);
-  const auto options = make_options(scale, causal, backward_mode(p));
-  size_t bytes = 0;
-  check(qksoftmax::backward_workspace_size(args, options, &bytes));
-  const OptionalOutput workspace = allocate_workspace(bytes, allocate);
-  const Workspace ws = workspace_of(workspace);
-  qksoftmax::Status status;
-  {
-    nb::gil_scoped_release release;
-    status = qksoftmax::backward(args, options, ws.data, ws.bytes, to_stream(stream));
-  }
-  check(status);
+nb::dict counters() {
+  const qksoftmax::detail::CallCounters& c = qksoftmax::detail::call_counters();
+  nb::dict out;
+  out["validations"] = c.validations.load();
+  out["pointer_queries"] = c.pointer_queries.load();
+  out["conversions"] = conversions;
+  return out;
 }
 
 }  // namespace
@@ -179,18 +263,21 @@ NB_MODULE(_C, m) {
 
   m.def("version", &qksoftmax::version, "The library's version, \"major.minor.patch\".");
 
-  m.def("forward_workspace_size", &forward_workspace_size, "q"_a, "k"_a, "p"_a, "lse"_a.none(),
-        "scale"_a.none(), "causal"_a, "Workspace bytes that forward needs for these arguments.");
-  m.def("forward", &forward, "q"_a, "k"_a, "p"_a, "lse"_a.none(), "allocate"_a.none(), "scale"_a.none(),
-        "causal"_a, "stream"_a,
-        "P = softmax(mask(scale * q k^T)) into p (and the log-sum-exp into lse) on the given CUDA stream; "
-        "allocate(nbytes) returns the workspace when one is needed.");
+  nb::class_<Plan>(m, "Plan", "A validated call: run it with a workspace of workspace_bytes bytes.")
+      .def_prop_ro("workspace_bytes", [](const Plan& p) { return p.plan.workspace_bytes(); },
+                   "Workspace bytes the call needs, on its device, aligned to WORKSPACE_ALIGNMENT.")
+      .def_prop_ro("device_index", [](const Plan& p) { return p.plan.device_index(); },
+                   "The CUDA device the call runs on; -1 on the CPU.")
+      .def("run", &run, "workspace"_a, "workspace_bytes"_a, "stream"_a,
+           "Launches the call on the plan's device, on `stream` (a cudaStream_t of that device as an int, 0 for "
+           "its default stream; ignored on the CPU), with the workspace at address `workspace`.");
 
-  m.def("backward_workspace_size", &backward_workspace_size, "q"_a, "k"_a, "dp"_a, "p"_a.none(),
-        "lse"_a.none(), "dq"_a, "dk"_a, "scale"_a.none(), "causal"_a,
-        "Workspace bytes that backward needs for these arguments.");
-  m.def("backward", &backward, "q"_a, "k"_a, "dp"_a, "p"_a.none(), "lse"_a.none(), "dq"_a, "dk"_a,
-        "allocate"_a.none(), "scale"_a.none(), "causal"_a, "stream"_a,
-        "dq, dk from dp: saved-P mode when p is given, recompute mode otherwise; allocate(nbytes) returns the "
-        "workspace when one is needed.");
+  m.def("plan_forward", &plan_forward, "q"_a, "k"_a, "p"_a, "lse"_a.none(), "scale"_a.none(), "causal"_a,
+        "Validates P = softmax(mask(scale * q k^T)) into p (and the log-sum-exp into lse, if given).");
+  m.def("plan_backward", &plan_backward, "q"_a, "k"_a, "dp"_a, "p"_a.none(), "lse"_a.none(), "dq"_a, "dk"_a,
+        "scale"_a.none(), "causal"_a,
+        "Validates dq, dk from dp: saved-P mode when p is given, recompute mode otherwise.");
+  m.def("counters", &counters,
+        "Totals since the module was loaded: validations (the C++ API's), pointer_queries (asked of the CUDA "
+        "driver), conversions (tensor arguments described). The tests keep each call at one validation.");
 }

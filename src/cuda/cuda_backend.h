@@ -7,15 +7,34 @@
 
 namespace qksoftmax::cuda {
 
-// Checks what only the CUDA runtime can tell: every present pointer of the problem is device memory
-// of the current device. Never synchronises.
-Status check_pointers(const Problem& problem);
+// Resolves the device a problem runs on: the one its tensors declare when every tensor declares it (trusted,
+// checked against the devices present); otherwise the driver is asked once per distinct pointer, and every
+// pointer must be device memory of one device (the declared one, if any). Sets problem->device_index. Never
+// synchronises.
+Status locate(Problem* problem);
+
+// Makes a device current for the scope's lifetime, restoring the thread's previous context (or none)
+// afterwards, and forgets the last CUDA error and the TMA failures left by earlier calls on this thread.
+class DeviceScope {
+ public:
+  DeviceScope() = default;
+  ~DeviceScope();
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+  Status enter(int device);
+
+ private:
+  void* previous_context_ = nullptr;  // CUcontext
+  bool changed_ = false;
+};
 
 // Workspace bytes the problem needs (a multiple of kWorkspaceAlignment; 0 when none).
 size_t workspace_size(const Problem& problem);
 
-// Runs the problem. Returns kUnsupported (having launched nothing) for a head dimension or dtype that
-// no kernel covers; kCudaError if a launch fails.
+// Runs a located problem on the current device (inside a DeviceScope of its device). Returns kUnsupported
+// (having launched nothing) for a device, head dimension or dtype that no kernel covers; kCudaError if a
+// launch fails.
 Status run(const Problem& problem, void* workspace, CUstream_st* stream);
 
 }  // namespace qksoftmax::cuda

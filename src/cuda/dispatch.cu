@@ -1,10 +1,11 @@
-// The CUDA backend's entry points: pointer checks, workspace size, and the choice of kernel family.
+// The CUDA backend's entry points: workspace size and the choice of kernel family.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <string>
 
 #include "cuda/cuda_backend.h"
+#include "cuda/device.h"
 #include "cuda/generic_instances.h"
 #include "cuda/generic_launch.cuh"
 #include "cuda/sm90_backward_launch.cuh"
@@ -12,11 +13,6 @@
 
 namespace qksoftmax::cuda {
 namespace {
-
-struct NamedOperand {
-  const char* name;
-  const Operand& op;
-};
 
 constexpr int kHopperMajor = 9;
 constexpr int64_t kTmaAlignmentBytes = 16;
@@ -27,10 +23,18 @@ constexpr int64_t kSm90HeadDim = 128;
 bool sm90_backward_shape(const Problem& prob) {
   return prob.pass == Pass::kBackward && prob.dtype != DType::kFloat32 && prob.D == kSm90HeadDim;
 }
+// The single-pass backward (given TMA-ready tensors) sums in a fixed order: it serves every deterministic call of
+// up to kSm90SinglePassMaxSk keys. Otherwise it takes the rows that one CTA holds, where it is the faster
+// (H200, seed16 bf16, 2026-12-01: 0.65-0.82x the two-pass time at S = 128, 0.92-1.09x at 256 and 1.4-2.4x
+// at 512 and 1024 in clusters of 4 and 8 CTAs); longer rows take the two-pass backward.
+constexpr int64_t kSm90SinglePassDefaultMaxSk = 128;
+bool sm90_single_pass_fits(const Problem& prob) {
+  return prob.Sk <= (prob.deterministic ? kSm90SinglePassMaxSk : kSm90SinglePassDefaultMaxSk);
+}
 // The shapes the two-pass Hopper backward may take (rows past the single pass; its dQ atomics reorder sums:
 // not when deterministic); the workspace size depends on this only.
 bool sm90_shape(const Problem& prob) {
-  return sm90_backward_shape(prob) && !prob.deterministic && prob.Sk > kSm90SinglePassMaxSk;
+  return sm90_backward_shape(prob) && !prob.deterministic && !sm90_single_pass_fits(prob);
 }
 
 // TMA needs a 16-byte aligned base and strides that are positive multiples of 16 bytes below 2^40 bytes
@@ -43,13 +47,6 @@ bool tma_compatible(const Operand& op, size_t element_bytes) {
   const int64_t e = int64_t(element_bytes);
   return reinterpret_cast<uintptr_t>(op.ptr) % kTmaAlignmentBytes == 0 && tma_stride(op.sb, e) &&
          tma_stride(op.sh, e) && tma_stride(op.sr, e);
-}
-
-bool on_hopper() {
-  int device = 0, major = 0;
-  return cudaGetDevice(&device) == cudaSuccess &&
-         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-         major == kHopperMajor;
 }
 
 // The fused forward: 16-bit, D = 128, q, k and p in TMA reach (P is stored by TMA), and P's rows a whole number
@@ -68,54 +65,17 @@ bool sm90_tma_ready(const Problem& prob) {
          tma_compatible(prob.dp, e) && (!prob.p.present() || tma_compatible(prob.p, e));
 }
 
-// The single-pass backward takes every row of up to kSm90SinglePassMaxSk keys (given TMA-ready tensors); it
-// sums in a fixed order, so it also serves deterministic calls. Longer rows take the two-pass backward.
-bool sm90_single_pass_fits(const Problem& prob) { return prob.Sk <= kSm90SinglePassMaxSk; }
-
-// Why no CUDA device can be used, in the caller's terms: without a driver the runtime reports an "insufficient"
-// driver (version 0).
-std::string no_device_reason(cudaError_t err) {
-  int driver_version = 0;
-  if (err == cudaErrorInsufficientDriver && cudaDriverGetVersion(&driver_version) == cudaSuccess &&
-      driver_version == 0) {
-    return "no CUDA driver is installed";
-  }
-  return cudaGetErrorString(err);
-}
 
 }  // namespace
-
-Status check_pointers(const Problem& prob) {
-  int device = 0;
-  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) {
-    cudaGetLastError();
-    return {Code::kCudaError, "q: no CUDA device is available (" + no_device_reason(err) +
-                                  "); Device::kCPU runs the CPU backend"};
-  }
-  const NamedOperand operands[] = {{"q", prob.q},   {"k", prob.k},   {"p", prob.p},
-                                   {"dp", prob.dp}, {"lse", prob.lse}, {"p", prob.out_p},
-                                   {"lse", prob.out_lse}, {"dq", prob.dq}, {"dk", prob.dk}};
-  for (const NamedOperand& o : operands) {
-    if (!o.op.present()) continue;
-    cudaPointerAttributes attr{};
-    const cudaError_t err = cudaPointerGetAttributes(&attr, o.op.ptr);
-    if (err != cudaSuccess) cudaGetLastError();
-    const bool on_device = err == cudaSuccess &&
-                           (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged);
-    if (!on_device || attr.device != device) {
-      return {Code::kInvalidArgument, std::string(o.name) + ": data is not memory of the current CUDA device " +
-                                          std::to_string(device) + " (device tensors were declared)"};
-    }
-  }
-  return {};
-}
 
 size_t workspace_size(const Problem& prob) {
   return GenericWorkspace::of(prob).bytes(prob) + (sm90_shape(prob) ? dq_accum_bytes(prob) : 0);
 }
 
 Status run(const Problem& prob, void* workspace, CUstream_st* stream) {
-  if (!on_hopper()) {
+  const DeviceInfo* device = nullptr;
+  if (Status s = device_info(prob.device_index, &device); !s.ok()) return s;
+  if (device->major != kHopperMajor) {
     return {Code::kUnsupported, "q: the CUDA backend is built for Hopper (sm_90a) only; use the CPU backend"};
   }
   if (sm90_forward_eligible(prob)) {

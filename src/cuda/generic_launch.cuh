@@ -7,7 +7,9 @@
 #include <string>
 
 #include "cuda/cuda_backend.h"
+#include "cuda/device.h"
 #include "cuda/generic_kernels.cuh"
+#include "cuda/tma_encode.h"
 
 namespace qksoftmax::cuda {
 
@@ -62,16 +64,17 @@ struct ClusterLaunch {
 };
 
 // Launches a kernel of configuration Cfg (threads, shared memory) with one block per tile, in thread-block
-// clusters of `cluster` consecutive blocks when cluster > 1.
+// clusters of `cluster` consecutive blocks when cluster > 1. Launches nothing when a TMA descriptor of its
+// parameters failed to encode.
 template <class Cfg, class Kernel, class Params>
 Status launch(Kernel kernel, const char* name, int64_t tiles, const Params& params, CUstream_st* stream,
               int cluster = 1) {
+  if (Status s = take_tma_failure(name); !s.ok()) return s;
   if (tiles > INT_MAX) {
     return {Code::kUnsupported, std::string(name) + ": the problem needs more than 2^31 - 1 blocks"};
   }
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes) !=
-      cudaSuccess) {
-    return launch_status(name);
+  if (Status s = reserve_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes, name); !s.ok()) {
+    return s;
   }
   if (cluster == 1) {
     kernel<<<unsigned(tiles), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);

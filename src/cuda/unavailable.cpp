@@ -4,14 +4,18 @@
 
 namespace qksoftmax::cuda {
 
-Status check_pointers(const Problem&) {
+Status locate(Problem*) {
   return {Code::kUnsupported,
           "q: qksoftmax was built without CUDA, so Device::kCUDA is not available (Device::kCPU is; rebuild "
           "with the CUDA toolkit for the GPU backend)"};
 }
 
+DeviceScope::~DeviceScope() = default;
+
+Status DeviceScope::enter(int) { return locate(nullptr); }
+
 size_t workspace_size(const Problem&) { return 0; }
 
-Status run(const Problem& problem, void*, CUstream_st*) { return check_pointers(problem); }
+Status run(const Problem&, void*, CUstream_st*) { return locate(nullptr); }
 
 }  // namespace qksoftmax::cuda

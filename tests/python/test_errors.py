@@ -74,9 +74,24 @@ def test_extension_reports_invalid_argument_as_value_error(a):
     """A Status of kInvalidArgument from the C++ API becomes ValueError, its message kept."""
     p_too_small = np.empty(CASE.p_shape[:-1] + (1,), np.float32)
     with pytest.raises(ValueError, match=r"^p: expected shape"):
-        qksoftmax._C.forward(a.q, a.k, p_too_small, None, None, None, True, 0)
+        qksoftmax._C.plan_forward(a.q, a.k, p_too_small, None, None, True)
 
 
 def test_extension_rejects_unknown_dtype(a):
     with pytest.raises(TypeError, match="q must have dtype bfloat16, float16, float32 or float64"):
-        qksoftmax._C.forward_workspace_size(a.q.astype(np.int32), a.k, a.p, None, None, True)
+        qksoftmax._C.plan_forward(a.q.astype(np.int32), a.k, a.p, None, None, True)
+
+
+def test_extension_rejects_a_read_only_output(a):
+    p = np.empty_like(a.p)
+    p.flags.writeable = False
+    with pytest.raises(TypeError, match="p must be a torch.Tensor or an array .*, writable, got ndarray"):
+        qksoftmax._C.plan_forward(a.q, a.k, p, None, None, True)
+
+
+def test_a_refused_call_writes_nothing(a):
+    """A plan refused by the C++ API launched nothing: the outputs keep their bytes."""
+    dq, dk = np.full_like(a.q, 7.0), np.full_like(a.k, 7.0)
+    with pytest.raises(ValueError, match="^dp: expected shape"):
+        qksoftmax._C.plan_backward(a.q, a.k, a.dp[..., :3], None, None, dq, dk, None, True)
+    assert (dq == 7.0).all() and (dk == 7.0).all()

@@ -160,7 +160,7 @@ def test_float64_on_cuda_is_not_implemented():
         qksoftmax.forward(q, q)
     p = torch.zeros(1, 1, 4, 4, dtype=torch.float64, device="cuda")
     with pytest.raises(NotImplementedError, match="^q: float64 runs on the CPU backend only$"):
-        qksoftmax._C.forward_workspace_size(q, q, p, None, None, True)
+        qksoftmax._C.plan_forward(q, q, p, None, None, True)
 
 
 def test_mixing_numpy_and_torch():

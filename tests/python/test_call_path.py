@@ -1,0 +1,118 @@
+"""The call path stays lean: each call validates once (the C++ API's validation, counted by qksoftmax._C.counters()),
+describes each tensor argument once, asks the CUDA driver nothing about a framework's tensors, and runs the
+Python checks only to phrase a refused call's error. On the CPU (numpy always, torch where installed) and on CUDA."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+
+import qksoftmax
+from qksoftmax import _C, _core
+from qk_reference import CUDA_HEAD_DIM, Case, normal
+
+CASE = Case(2, 4, 2, 5, 7, 8)
+
+
+@contextlib.contextmanager
+def counted() -> Iterator[dict[str, int]]:
+    """What the calls inside the block cost, by _C.counters()."""
+    spent: dict[str, int] = {}
+    before = _C.counters()
+    yield spent
+    after = _C.counters()
+    spent.update({name: after[name] - before[name] for name in before})
+
+
+@pytest.fixture
+def checks_forbidden(monkeypatch):
+    """The Python checks fail the test if a call that succeeds runs them."""
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a call that succeeds ran the Python checks")
+
+    monkeypatch.setattr(_core, "check_forward", forbidden)
+    monkeypatch.setattr(_core, "check_backward", forbidden)
+
+
+def numpy_inputs() -> tuple[np.ndarray, ...]:
+    q, k, dp = normal(0, CASE.q_shape, CASE.k_shape, CASE.p_shape)
+    return q, k, dp
+
+
+# (call, tensors it passes to the C++ API) for each way of calling forward and backward.
+def numpy_calls() -> dict[str, tuple[Callable[[], object], int]]:
+    q, k, dp = numpy_inputs()
+    p, lse = qksoftmax.forward(q, k)
+    return {
+        "forward": (lambda: qksoftmax.forward(q, k), 4),
+        "backward recompute": (lambda: qksoftmax.backward(q, k, dp), 5),
+        "backward recompute_lse": (lambda: qksoftmax.backward(q, k, dp, lse=lse), 6),
+        "backward saved_p": (lambda: qksoftmax.backward(q, k, dp, p=p), 6),
+    }
+
+
+@pytest.mark.parametrize("name", list(numpy_calls()))
+def test_numpy_call_validates_once(name, checks_forbidden):
+    call, tensors = numpy_calls()[name]
+    with counted() as spent:
+        call()
+    assert spent == {"validations": 1, "conversions": tensors, "pointer_queries": 0}
+
+
+def test_a_refused_call_runs_the_checks(monkeypatch):
+    """The checks run when the C++ API refuses a call, and their message names the argument."""
+    q, k, _ = numpy_inputs()
+    seen = []
+    check = _core.check_forward
+    monkeypatch.setattr(_core, "check_forward", lambda *args: seen.append(1) or check(*args))
+    with pytest.raises(ValueError, match="qksoftmax.forward: k must have shape"):
+        qksoftmax.forward(q, k[:, :, :, :3])
+    assert seen == [1]
+
+
+def test_a_refusal_the_checks_cannot_explain_stands():
+    """An output the C++ API refuses for its memory (it overlaps an input) is no argument error the Python
+    checks know: the C++ API's message stands."""
+    q, k, dp = numpy_inputs()
+    with pytest.raises(ValueError, match="^p: expected an output whose memory does not overlap q's"):
+        _C.plan_forward(q, k, q.reshape(-1)[: dp.size].reshape(dp.shape), None, None, True)
+
+
+torch_calls_params = ["forward", "backward recompute_lse", "backward saved_p", "ops forward", "attention_probs"]
+
+
+def torch_calls(torch, device: str) -> dict[str, tuple[Callable[[], object], int, int]]:
+    """(call, validations, conversions) per way of calling qksoftmax on torch tensors."""
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    head_dim = CUDA_HEAD_DIM if device == "cuda" else CASE.head_dim
+    q, k, dp = (
+        torch.from_numpy(x).to(device=device, dtype=dtype)
+        for x in normal(1, CASE.q_shape[:-1] + (head_dim,), CASE.k_shape[:-1] + (head_dim,), CASE.p_shape)
+    )
+    p, lse = qksoftmax.forward(q, k)
+    qg, kg = q.clone().requires_grad_(True), k.clone().requires_grad_(True)
+
+    def attention_probs() -> object:
+        return torch.autograd.grad(qksoftmax.attention_probs(qg, kg), (qg, kg), dp)
+
+    return {
+        "forward": (lambda: qksoftmax.forward(q, k), 1, 4),
+        "backward recompute_lse": (lambda: qksoftmax.backward(q, k, dp, lse=lse), 1, 6),
+        "backward saved_p": (lambda: qksoftmax.backward(q, k, dp, p=p), 1, 6),
+        "ops forward": (lambda: torch.ops.qksoftmax.forward(q, k, None, True, "lse"), 1, 4),
+        "attention_probs": (attention_probs, 2, 4 + 6),
+    }
+
+
+@pytest.mark.parametrize("name", torch_calls_params)
+def test_torch_call_validates_once(device, name, checks_forbidden):
+    torch = pytest.importorskip("torch")
+    call, validations, conversions = torch_calls(torch, device)[name]
+    call()  # the first call may load what later calls reuse
+    with counted() as spent:
+        call()
+    assert spent == {"validations": validations, "conversions": conversions, "pointer_queries": 0}

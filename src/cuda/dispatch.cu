@@ -102,6 +102,9 @@ size_t workspace_size(const Problem& prob) {
 }
 
 Status run(const Problem& prob, void* workspace, CUstream_st* stream) {
+  // A launch's error is read back as the thread's last error: one that an earlier runtime call left there (the
+  // caller's failed cudaMalloc, say), already returned by that call, must not be taken for this call's.
+  cudaGetLastError();
   if (!on_hopper()) {
     return {Code::kUnsupported, "q: the CUDA backend is built for Hopper (sm_90a) only; use the CPU backend"};
   }

@@ -412,6 +412,25 @@ TEST_P(GpuForwardWithoutLse, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(Lengths, GpuForwardWithoutLse, ::testing::Values(129, 136));
 
+// An error that an earlier runtime call of the thread left as its last error (a failed allocation) is not the
+// call's: forward and backward succeed and are right, on the generic, two-pass and fused Hopper paths.
+class GpuAfterRuntimeError : public GpuTest, public ::testing::WithParamInterface<Case> {};
+
+TEST_P(GpuAfterRuntimeError, CallsSucceed) {
+  constexpr size_t kImpossibleBytes = size_t(1) << 62;
+  void* never = nullptr;
+  ASSERT_EQ(cudaMalloc(&never, kImpossibleBytes), cudaErrorMemoryAllocation);
+  expect_gpu_matches_cpu(GetParam(), make_inputs(GetParam(), test_seed()));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Paths, GpuAfterRuntimeError,
+    ::testing::Values(Case{.B = 1, .Hq = 2, .Hk = 1, .Sq = 129, .Sk = 129, .D = 64},
+                      Case{.B = 1, .Hq = 2, .Hk = 1, .Sq = 136, .Sk = 136, .D = 128, .variant = Variant::kSavedP},
+                      Case{.B = 1, .Hq = 2, .Hk = 1, .Sq = 136, .Sk = 136, .D = 128,
+                           .variant = Variant::kRecomputeLse, .deterministic = true}),
+    param_name);
+
 // A contiguous device tensor's descriptor, for buffers too large to mirror on the host.
 TensorDesc contiguous_device_desc(void* data, DType dtype, const std::vector<int64_t>& shape) {
   TensorDesc t{.data = data, .dtype = dtype, .device = Device::kCUDA, .rank = int(shape.size())};

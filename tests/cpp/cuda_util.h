@@ -74,7 +74,10 @@ class DeviceBuffer {
 
 class Stream {
  public:
-  Stream() { EXPECT_EQ(cudaStreamCreate(&stream_), cudaSuccess); }
+  // flags: cudaStreamNonBlocking for a stream that does not wait for the legacy default stream.
+  explicit Stream(unsigned flags = cudaStreamDefault) {
+    EXPECT_EQ(cudaStreamCreateWithFlags(&stream_, flags), cudaSuccess);
+  }
   ~Stream() { cudaStreamDestroy(stream_); }
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;

@@ -54,9 +54,24 @@ def forward_op(q: Tensor, k: Tensor, scale: Optional[float], causal: bool, save:
     return run_forward(TorchFrame(FORWARD_OP, q), q, k, scale, causal)
 
 
+def _check_devices(where: str, q: Tensor, **tensors: Optional[Tensor]) -> None:
+    """Every tensor on q's device. The dispatcher runs the fake implementations whenever any input is on the meta
+    device: without this, a call mixing devices would return empty tensors on q's device."""
+    for name, x in tensors.items():
+        if x is not None and x.device != q.device:
+            raise ValueError(f"{where}: {name} must be on {q.device} like q, got {x.device}")
+
+
+def _check_saved_p(p: Optional[Tensor]) -> None:
+    """backward_saved_p's p is required (eager calls of an op pass None through a Tensor argument)."""
+    if p is None:
+        raise TypeError(f"{BACKWARD_SAVED_P_OP}: p must be a torch.Tensor, got NoneType")
+
+
 @forward_op.register_fake
 def _forward_fake(q: Tensor, k: Tensor, scale: Optional[float], causal: bool, save: str) -> tuple[Tensor, Tensor]:
     check_save(FORWARD_OP, save)
+    _check_devices(FORWARD_OP, q, k=k)
     shape = probs_shape(FORWARD_OP, q, k)
     return q.new_empty(shape), q.new_empty(shape[:-1], dtype=torch.float32)
 
@@ -72,6 +87,7 @@ def backward_recompute_op(
 def backward_saved_p_op(
     q: Tensor, k: Tensor, p: Tensor, dp: Tensor, scale: Optional[float], causal: bool
 ) -> tuple[Tensor, Tensor]:
+    _check_saved_p(p)
     return run_backward(TorchFrame(BACKWARD_SAVED_P_OP, q), q, k, dp, p, None, scale, causal)
 
 
@@ -84,6 +100,7 @@ def _gradients_fake(where: str, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
 def _backward_recompute_fake(
     q: Tensor, k: Tensor, dp: Tensor, lse: Optional[Tensor], scale: Optional[float], causal: bool
 ) -> tuple[Tensor, Tensor]:
+    _check_devices(BACKWARD_RECOMPUTE_OP, q, k=k, dp=dp, lse=lse)
     return _gradients_fake(BACKWARD_RECOMPUTE_OP, q, k)
 
 
@@ -91,6 +108,8 @@ def _backward_recompute_fake(
 def _backward_saved_p_fake(
     q: Tensor, k: Tensor, p: Tensor, dp: Tensor, scale: Optional[float], causal: bool
 ) -> tuple[Tensor, Tensor]:
+    _check_saved_p(p)
+    _check_devices(BACKWARD_SAVED_P_OP, q, k=k, p=p, dp=dp)
     return _gradients_fake(BACKWARD_SAVED_P_OP, q, k)
 
 
@@ -112,6 +131,7 @@ def _backward(ctx: Any, dp: Tensor, _: Tensor) -> tuple[Optional[Tensor], ...]:
 
 
 forward_op.register_autograd(_backward, setup_context=_setup_context)
+
 
 
 # The eager fast path.

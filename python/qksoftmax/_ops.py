@@ -133,6 +133,17 @@ def _backward(ctx: Any, dp: Tensor, _: Tensor) -> tuple[Optional[Tensor], ...]:
 forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+def _no_second_derivative(ctx: Any, *grads: Tensor) -> None:
+    raise NotImplementedError(
+        "qksoftmax: no second derivative is implemented (double backward, e.g. torch.autograd.grad with "
+        "create_graph=True through attention_probs, then a backward of its gradients)"
+    )
+
+
+# A graph of the first derivative (create_graph=True) must refuse to be differentiated, not treat dq as a constant.
+backward_recompute_op.register_autograd(_no_second_derivative)
+backward_saved_p_op.register_autograd(_no_second_derivative)
+
 
 # The eager fast path.
 

@@ -4,13 +4,11 @@
 #include <random>
 
 #include "check.h"
-#include "cuda_check.h"
 #include "driver.h"
 #include "dtype.h"
 #include "host_buffer.h"
 #include "paths.h"
 #include "reference.h"
-#include "timing.h"
 
 namespace qkbench {
 namespace {

@@ -1,4 +1,4 @@
-// Turns CUDA runtime, cuBLAS and qksoftmax status codes into Results.
+// Turns CUDA runtime and cuBLAS status codes into Results.
 #pragma once
 
 #include <cublas_v2.h>
@@ -6,7 +6,6 @@
 
 #include <string>
 
-#include "qksoftmax/qksoftmax.h"
 #include "result.h"
 
 namespace qkbench {
@@ -19,11 +18,6 @@ inline Result cuda_result(cudaError_t e, const char* what) {
 inline Result cublas_result(cublasStatus_t s, const char* what) {
   if (s == CUBLAS_STATUS_SUCCESS) return {};
   return Result(std::string(what) + ": " + cublasGetStatusName(s) + " (" + cublasGetStatusString(s) + ")");
-}
-
-inline Result library_result(const qksoftmax::Status& s, const char* what) {
-  if (s.ok()) return {};
-  return Result(std::string(what) + ": " + s.message());
 }
 
 // The error of the last kernel launch, if any (does not synchronise).

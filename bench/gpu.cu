@@ -3,6 +3,7 @@
 #include "cuda_check.h"
 #include "device_types.cuh"
 #include "gpu.h"
+#include "paths.h"
 
 namespace qkbench {
 namespace {

@@ -53,8 +53,6 @@ struct DeviceInfo {
   std::string cuda_runtime;
 };
 
-// Number of CUDA devices (0 when the runtime finds none or fails to start).
-int cuda_device_count();
 Result device_info(DeviceInfo* info);
 
 // Free device memory in bytes.

@@ -7,7 +7,6 @@
 #include <string>
 
 #include "cli.h"
-#include "gpu.h"
 #include "json.h"
 #include "paths.h"
 

@@ -8,6 +8,9 @@
 
 namespace qkbench {
 
+// Number of CUDA devices (0 when the runtime finds none or fails to start, or without CUDA).
+int cuda_device_count();
+
 // Fills report (environment and runs). A Result error means the run could not start (no results).
 Result run_gpu(const CliOptions& options, Report* report);
 Result run_cpu(const CliOptions& options, Report* report);

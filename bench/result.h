@@ -4,6 +4,8 @@
 #include <string>
 #include <utility>
 
+#include "qksoftmax/qksoftmax.h"
+
 namespace qkbench {
 
 class Result {
@@ -17,6 +19,12 @@ class Result {
  private:
   std::string message_;
 };
+
+// The Result of a qksoftmax call: its Status's message after what.
+inline Result library_result(const qksoftmax::Status& s, const char* what) {
+  if (s.ok()) return {};
+  return Result(std::string(what) + ": " + s.message());
+}
 
 }  // namespace qkbench
 

@@ -1,5 +1,7 @@
 #include "results.h"
 
+#include <algorithm>
+
 namespace qkbench {
 
 namespace {
@@ -26,6 +28,16 @@ Aggregate aggregate(const RunResult& run) {
     a.sol_pct = kPercent * sum_sol / sum_us;
   }
   return a;
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  const size_t mid = values.size() / 2;
+  std::nth_element(values.begin(), values.begin() + mid, values.end());
+  if (values.size() % 2) return values[mid];
+  const double upper = values[mid];
+  const double lower = *std::max_element(values.begin(), values.begin() + mid);
+  return (lower + upper) / 2;
 }
 
 bool Report::all_passed() const {

@@ -52,6 +52,9 @@ struct Aggregate {
 
 Aggregate aggregate(const RunResult& run);
 
+// The median of values (the mean of the two middle ones for an even count; 0 when empty).
+double median(std::vector<double> values);
+
 // Called with the stage a case is in ("making inputs", "checking ...", "timing").
 using StageFn = std::function<void(const char* stage)>;
 

@@ -58,16 +58,6 @@ Result time_calls(cudaStream_t stream, const TimingPlan& plan, const EnqueueCall
   return {};
 }
 
-double median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  const size_t mid = values.size() / 2;
-  std::nth_element(values.begin(), values.begin() + mid, values.end());
-  if (values.size() % 2) return values[mid];
-  const double upper = values[mid];
-  const double lower = *std::max_element(values.begin(), values.begin() + mid);
-  return (lower + upper) / 2;
-}
-
 Result median_call_us(cudaStream_t stream, const TimingPlan& plan, const EnqueueCall& call, double* us,
                       double* host_us) {
   std::vector<double> times, host_times;

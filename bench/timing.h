@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "result.h"
+#include "results.h"
 
 namespace qkbench {
 
@@ -27,8 +28,6 @@ using EnqueueCall = std::function<Result(int set)>;
 // events measure the host.
 Result time_calls(cudaStream_t stream, const TimingPlan& plan, const EnqueueCall& call, std::vector<double>* us,
                   std::vector<double>* host_us = nullptr);
-
-double median(std::vector<double> values);
 
 // time_calls, then the medians, in µs.
 Result median_call_us(cudaStream_t stream, const TimingPlan& plan, const EnqueueCall& call, double* us,

@@ -8,7 +8,14 @@ cd "$(dirname "$0")/.."
 CUTLASS_VERSION=4.2.0.0
 PY=${PYTHON:-python3}
 
-command -v nvcc >/dev/null || { echo "deps.sh: the CUDA toolkit (nvcc, CUDA 12.4 or newer for sm_90a) is needed" >&2; exit 1; }
+# The CUDA backend is built where a CUDA compiler is found (nvcc on PATH, or CUDACXX), unless
+# QKSOFTMAX_ENABLE_CUDA=OFF; only then are the CUTLASS/CuTe headers needed. Without it: the CPU backend alone.
+ENABLE_CUDA=${QKSOFTMAX_ENABLE_CUDA:-AUTO}
+with_cuda=0
+if [ "$ENABLE_CUDA" != OFF ] && { [ -n "${CUDACXX:-}" ] || command -v nvcc >/dev/null; }; then with_cuda=1; fi
+if [ "$ENABLE_CUDA" = ON ] && [ $with_cuda = 0 ]; then
+  echo "deps.sh: QKSOFTMAX_ENABLE_CUDA=ON needs the CUDA toolkit (nvcc, CUDA 12.4 or newer for sm_90a)" >&2; exit 1
+fi
 "$PY" -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' ||
   { echo "deps.sh: $PY has no development headers (Python.h): install python3-dev" >&2; exit 1; }
 
@@ -24,7 +31,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   fi
 fi
 
-if [ ! -f .deps/cutlass/include/cute/tensor.hpp ] || [ "$(cat .deps/cutlass/VERSION 2>/dev/null)" != "$CUTLASS_VERSION" ]; then
+if [ $with_cuda = 1 ] && { [ ! -f .deps/cutlass/include/cute/tensor.hpp ] || [ "$(cat .deps/cutlass/VERSION 2>/dev/null)" != "$CUTLASS_VERSION" ]; }; then
   rm -rf .deps/cutlass .deps/_cutlass_wheel
   "$PY" -m pip download -q --no-deps --only-binary=:all: -d .deps/_cutlass_wheel "nvidia-cutlass==$CUTLASS_VERSION"
   "$PY" - <<PYEOF

@@ -12,7 +12,8 @@ scripts/deps.sh
 CMAKE_BUILD_PARALLEL_LEVEL=$JOBS "$PY" -m pip install -q . \
   -C build-dir=build/test \
   -C cmake.define.QKSOFTMAX_BUILD_TESTS=ON \
-  -C cmake.define.QKSOFTMAX_BUILD_BENCH=ON
+  -C cmake.define.QKSOFTMAX_BUILD_BENCH=ON \
+  -C cmake.define.QKSOFTMAX_ENABLE_CUDA="${QKSOFTMAX_ENABLE_CUDA:-AUTO}"
 ctest --test-dir build/test --output-on-failure --timeout 900
 # From outside the source tree, so that the installed package (not python/) is imported.
 (cd tests/python && "$PY" -m pytest -q -rs -p no:cacheprovider .)

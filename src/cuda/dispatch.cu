@@ -71,13 +71,25 @@ bool sm90_fused_fits(const Problem& prob) {
   return prob.deterministic && prob.Sk <= kSm90FusedMaxSk;
 }
 
+// Why no CUDA device can be used, in the caller's terms: without a driver the runtime reports an "insufficient"
+// driver (version 0).
+std::string no_device_reason(cudaError_t err) {
+  int driver_version = 0;
+  if (err == cudaErrorInsufficientDriver && cudaDriverGetVersion(&driver_version) == cudaSuccess &&
+      driver_version == 0) {
+    return "no CUDA driver is installed";
+  }
+  return cudaGetErrorString(err);
+}
+
 }  // namespace
 
 Status check_pointers(const Problem& prob) {
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) {
     cudaGetLastError();
-    return {Code::kCudaError, std::string("no usable CUDA device: ") + cudaGetErrorString(err)};
+    return {Code::kCudaError, "q: no CUDA device is available (" + no_device_reason(err) +
+                                  "); Device::kCPU runs the CPU backend"};
   }
   const NamedOperand operands[] = {{"q", prob.q},   {"k", prob.k},   {"p", prob.p},
                                    {"dp", prob.dp}, {"lse", prob.lse}, {"p", prob.out_p},

@@ -9,8 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "cuda_util.h"
 #include "test_util.h"
+#if QKSOFTMAX_TEST_CUDA
+#include "cuda_util.h"
+#endif
 
 namespace qksoftmax::test {
 namespace {
@@ -248,6 +250,7 @@ TEST_F(Errors, WorkspaceMisaligned) {
   EXPECT_EQ(call_.snapshot(), before);
 }
 
+#if QKSOFTMAX_TEST_CUDA
 TEST_F(Errors, GpuWorkspaceTooSmall) {
   QKSOFTMAX_NEED_GPU();
   const Case c{.B = 2, .Hq = 4, .Hk = 2, .Sq = 1000, .Sk = 1000, .D = 128};
@@ -280,6 +283,7 @@ TEST_F(Errors, GpuHostPointers) {
   expect_status(forward(call_.fwd, call_.options, nullptr, 0, nullptr), Code::kInvalidArgument, "q");
   EXPECT_EQ(call_.snapshot(), before);
 }
+#endif  // QKSOFTMAX_TEST_CUDA
 
 // fp64 is valid but runs on the CPU backend only: validation says so before any pointer is looked at, so
 // descriptors that say CUDA over host memory reach that check without a GPU.

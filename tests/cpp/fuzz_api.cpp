@@ -64,6 +64,7 @@ constexpr int kMaxMutations = 3;
 constexpr double kMutationChance = 0.75;
 constexpr double kNullBytesChance = 0.02;
 const std::vector<int64_t> kCudaHeadDims = {64, 128};  // what the CUDA kernels cover (else kUnsupported)
+constexpr bool kTestCuda = QKSOFTMAX_TEST_CUDA;  // the library has its CUDA backend
 
 enum class Kind : uint8_t { kQ, kK, kProbs, kLse, kDq, kDk };
 
@@ -435,8 +436,8 @@ std::set<Broken> call_rules(Call& call, size_t required, bool gpu_present) {
   }
   const std::vector<Arg> present = call.present_args();
   if (present.empty() || present[0].desc->device != Device::kCUDA) return broken;
-  if (!gpu_present) {
-    broken.insert({Code::kCudaError, "", "a CUDA device"});
+  if (!gpu_present) {  // no device, or (kUnsupported) a library built without CUDA
+    broken.insert({kTestCuda ? Code::kCudaError : Code::kUnsupported, "q", "a CUDA device"});
     return broken;
   }
   for (const Arg& a : present) {

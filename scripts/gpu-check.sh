@@ -50,7 +50,9 @@ REVS_ROUNDS=${REVS_ROUNDS:-2}
 PEER_ARGS=${PEER_ARGS:-"--suite seed16 --dtype bf16 --impl eager,compile,autograd,eager_fwd,compile_fwd,eager_fwd_bwd,compile_fwd_bwd,qksoftmax_fwd_bwd,qksoftmax_p_fwd_bwd"}
 BUILD=build/gpu
 LOGS=$OUT/logs
-RELIABILITY=$LOGS/reliability  # the stages' counts, merged into $OUT/h200-reliability.json
+# The reliability stages' counts, kept in the build tree between calls on one machine and merged into
+# $OUT/h200-reliability.json by every call that has any (so sanitize-all and stress may run in two calls).
+RELIABILITY=build/reliability
 mkdir -p "$LOGS"
 export PYTHONUNBUFFERED=1
 export QKSOFTMAX_REQUIRE_GPU=1  # here a missing GPU fails the GPU tests instead of skipping them
@@ -176,7 +178,7 @@ fi
 
 if has_stage sanitize-all; then
   tests_bin=$(find $BUILD -name qksoftmax_tests -type f | head -1)
-  mkdir -p "$RELIABILITY"
+  mkdir -p "$RELIABILITY" "$LOGS/sanitize-all"
   suite_tests=$(QKSOFTMAX_TEST_SHAPES=small "$tests_bin" --gtest_filter="$SANITIZE_ALL_FILTER" --gtest_list_tests |
                 grep -c '^  ')
   echo "=== sanitize-all: $SANITIZE_TOOLS over $suite_tests tests, $SANITIZE_SHARDS shards each"
@@ -185,7 +187,7 @@ if has_stage sanitize-all; then
     leak=""
     [ "$tool" = memcheck ] && leak="--leak-check full"
     for shard in $(seq 0 $((SANITIZE_SHARDS - 1))); do
-      name=$RELIABILITY/sanitize-all-$tool-$shard
+      name=$LOGS/sanitize-all/sanitize-all-$tool-$shard
       ( QKSOFTMAX_TEST_SHAPES=small GTEST_TOTAL_SHARDS=$SANITIZE_SHARDS GTEST_SHARD_INDEX=$shard \
           timeout "$(left)" compute-sanitizer --tool "$tool" $leak --error-exitcode 1 "$tests_bin" \
           --gtest_filter="$SANITIZE_ALL_FILTER" --gtest_brief=1 --gtest_output="json:$name.json" > "$name.log" 2>&1
@@ -193,7 +195,7 @@ if has_stage sanitize-all; then
     done
   done
   wait
-  if python3 scripts/reliability.py sanitize "$RELIABILITY" "$SANITIZE_TOOLS" "$SANITIZE_SHARDS" "$suite_tests" \
+  if python3 scripts/reliability.py sanitize "$LOGS/sanitize-all" "$SANITIZE_TOOLS" "$SANITIZE_SHARDS" "$suite_tests" \
        $((SECONDS - t0)) "$RELIABILITY/sanitize.json" > "$LOGS/sanitize-all.log" 2>&1; then
     while read -r line; do
       tool=${line%%:*}
@@ -208,9 +210,9 @@ if has_stage stress; then
   stress_bin=$(find $BUILD -name qksoftmax_stress -type f | head -1)
   mkdir -p "$RELIABILITY"
   QKSOFTMAX_STRESS_SECONDS=$STRESS_SECONDS QKSOFTMAX_STRESS_THREADS=$STRESS_THREADS \
-    QKSOFTMAX_STRESS_JSON="$RELIABILITY/stress-counts.json" run_logged stress "$stress_bin" --gtest_brief=1
+    QKSOFTMAX_STRESS_JSON="$LOGS/stress-counts.json" run_logged stress "$stress_bin" --gtest_brief=1
   status=$?
-  python3 scripts/reliability.py stress "$RELIABILITY/stress-counts.json" "$status" "$STRESS_SECONDS" \
+  python3 scripts/reliability.py stress "$LOGS/stress-counts.json" "$status" "$STRESS_SECONDS" \
     "$STRESS_THREADS" "$RELIABILITY/stress.json" > "$LOGS/stress-summary.log" 2>&1
   if [ "$status" -eq 0 ]; then record stress ok "$(cat "$LOGS/stress-summary.log")"; else record stress FAIL "$(cat "$LOGS/stress-summary.log")"; fi
 fi
@@ -219,6 +221,7 @@ if has_stage fuzz; then
   fuzz_bin=$(find $BUILD -name qksoftmax_fuzz -type f | head -1)
   mkdir -p "$RELIABILITY"
   for device in cuda cpu; do
+    rm -f "$RELIABILITY/fuzz-$device.json"  # a crash leaves none, not an older one
     if run_logged "fuzz-$device" "$fuzz_bin" --device $device --iterations "$FUZZ_ITERATIONS" --seed 1 \
          --json "$RELIABILITY/fuzz-$device.json"; then
       record "fuzz $device" ok "$(last_line '^fuzz' "$LOGS/fuzz-$device.log")"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 SUMMARY = re.compile(r"========= ERROR SUMMARY: (\d+) errors?")
@@ -77,13 +78,19 @@ def sanitize(directory: Path, tools: list[str], shards: int, suite_tests: int, s
               f"incomplete")
 
 
+def measured(path: Path) -> dict:
+    """A stage's counts with the time they were written (stages may come from earlier calls on the machine)."""
+    when = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"measured_at": when, **json.loads(path.read_text())}
+
+
 def merge(directory: Path, env: Path, out: Path) -> None:
     result: dict = {"machine": env.read_text().strip().splitlines() if env.exists() else []}
     for name in ("sanitize", "stress"):
         path = directory / f"{name}.json"
         if path.exists():
-            result[name] = json.loads(path.read_text())
-    fuzz = {p.stem.removeprefix("fuzz-"): json.loads(p.read_text()) for p in sorted(directory.glob("fuzz-*.json"))}
+            result[name] = measured(path)
+    fuzz = {p.stem.removeprefix("fuzz-"): measured(p) for p in sorted(directory.glob("fuzz-*.json"))}
     if fuzz:
         result["fuzz"] = fuzz
     out.write_text(json.dumps(result, indent=2) + "\n")

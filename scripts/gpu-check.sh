@@ -188,7 +188,7 @@ if has_stage sanitize-all; then
     [ "$tool" = memcheck ] && leak="--leak-check full"
     for shard in $(seq 0 $((SANITIZE_SHARDS - 1))); do
       name=$LOGS/sanitize-all/sanitize-all-$tool-$shard
-      ( QKSOFTMAX_TEST_SHAPES=small GTEST_TOTAL_SHARDS=$SANITIZE_SHARDS GTEST_SHARD_INDEX=$shard \
+      ( QKSOFTMAX_TEST_SHAPES=small QKSOFTMAX_TEST_RESET_DEVICE=1 GTEST_TOTAL_SHARDS=$SANITIZE_SHARDS GTEST_SHARD_INDEX=$shard \
           timeout "$(left)" compute-sanitizer --tool "$tool" $leak --error-exitcode 1 "$tests_bin" \
           --gtest_filter="$SANITIZE_ALL_FILTER" --gtest_brief=1 --gtest_output="json:$name.json" > "$name.log" 2>&1
         echo $? > "$name.rc" ) &

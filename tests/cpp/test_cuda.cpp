@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdlib>
 #include <functional>
 #include <initializer_list>
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -20,12 +22,13 @@
 namespace qksoftmax::test {
 namespace {
 
-// At the end of the run the CUDA context is destroyed, so that compute-sanitizer's leak check (memcheck
-// --leak-check full) sees every device allocation still held.
+// With QKSOFTMAX_TEST_RESET_DEVICE=1 (the sanitizers' run) the CUDA context is destroyed at the end of the run,
+// so that compute-sanitizer's leak check (memcheck --leak-check full) sees every device allocation still held.
 class ResetDeviceAtExit : public ::testing::Environment {
  public:
   void TearDown() override {
-    if (gpu_available()) cudaDeviceReset();
+    const char* value = std::getenv("QKSOFTMAX_TEST_RESET_DEVICE");
+    if (value != nullptr && std::string_view(value) == "1" && gpu_available()) cudaDeviceReset();
   }
 };
 

@@ -40,8 +40,8 @@ using Clock = std::chrono::steady_clock;
 constexpr double kDefaultSeconds = 60;
 constexpr double kHostSeconds = 2;
 constexpr int kDefaultThreads = 4;
-constexpr int kRepeats = 100;       // runs of each deterministic path, replays of each captured graph
-constexpr int kCheckEvery = 4;      // concurrent phase: every 4th case of a thread is checked on the CPU
+constexpr int kRepeats = 100;   // runs of each deterministic path, replays of each captured graph
+constexpr int kCheckEvery = 4;  // concurrent phase: every 4th case of a thread is checked on the CPU
 constexpr int64_t kMaxCheckedWork = int64_t(1) << 28;  // B·Hq·Sq·Sk·D of a case checked on the CPU
 constexpr size_t kHogChunkBytes = size_t(1) << 30;
 constexpr size_t kHogMinChunkBytes = size_t(1) << 20;
@@ -117,7 +117,9 @@ Options options_of(const Case& c, Variant v) {
 
 // A case of random shape, dtype, mask, layout and determinism (the variant is chosen per call).
 Case random_case(std::mt19937_64& rng, bool cuda) {
-  const auto pick = [&](const auto& values) { return values[std::uniform_int_distribution<size_t>(0, std::size(values) - 1)(rng)]; };
+  const auto pick = [&](const auto& values) {
+    return values[std::uniform_int_distribution<size_t>(0, std::size(values) - 1)(rng)];
+  };
   static constexpr int64_t kCudaLens[] = {1, 7, 64, 65, 129, 136, 200, 256, 264, 520, 1000, 1024, 1032};
   static constexpr int64_t kHostLens[] = {1, 7, 33, 65, 100};
   static constexpr int64_t kCudaHeadDims[] = {64, 128, 128};  // D = 128 twice: the Hopper kernels' shapes
@@ -213,7 +215,7 @@ class Workspace {
 struct GpuCase {
   Case c;
   HostTensor q, k, dp;
-  Outputs out;                    // p, lse of the forward
+  Outputs out;                     // p, lse of the forward
   std::vector<HostTensor> dq, dk;  // per variant
   DeviceTensor dev_q, dev_k, dev_dp, dev_p, dev_lse;
   std::vector<DeviceTensor> dev_dq, dev_dk;
@@ -262,8 +264,13 @@ struct GpuCase {
   }
   ForwardArgs forward_args() const { return {dev_q.desc(), dev_k.desc(), dev_p.desc(), dev_lse.desc()}; }
   BackwardArgs backward_args(size_t v) const {
-    BackwardArgs a{.q = dev_q.desc(), .k = dev_k.desc(), .dp = dev_dp.desc(), .p = {}, .lse = {},
-                   .dq = dev_dq[v].desc(), .dk = dev_dk[v].desc()};
+    BackwardArgs a{.q = dev_q.desc(),
+                   .k = dev_k.desc(),
+                   .dp = dev_dp.desc(),
+                   .p = {},
+                   .lse = {},
+                   .dq = dev_dq[v].desc(),
+                   .dk = dev_dk[v].desc()};
     if (kAllVariants[v] == Variant::kSavedP) a.p = dev_p.desc();
     if (kAllVariants[v] == Variant::kRecomputeLse) a.lse = dev_lse.desc();
     return a;
@@ -275,7 +282,8 @@ struct GpuCase {
     if (Status s = forward_workspace_size(forward_args(), c.options(), &bytes); !s.ok()) return s;
     most = bytes;
     for (size_t v = 0; v < std::size(kAllVariants); ++v) {
-      if (Status s = backward_workspace_size(backward_args(v), options_of(c, kAllVariants[v]), &bytes); !s.ok()) return s;
+      if (Status s = backward_workspace_size(backward_args(v), options_of(c, kAllVariants[v]), &bytes); !s.ok())
+        return s;
       most = std::max(most, bytes);
     }
     void* ws = workspace.reserve(most);
@@ -319,16 +327,17 @@ struct GpuCase {
     }
     for (size_t v = 0; v < dq.size(); ++v) {
       const Variant variant = kAllVariants[v];
-      const BackwardArgs args = make_backward_args(
-          in.q, in.k, in.dp, variant == Variant::kSavedP ? in.p : std::nullopt,
-          variant == Variant::kRecomputeLse ? in.lse : std::nullopt, ref.dq.desc(), ref.dk.desc());
+      const BackwardArgs args =
+          make_backward_args(in.q, in.k, in.dp, variant == Variant::kSavedP ? in.p : std::nullopt,
+                             variant == Variant::kRecomputeLse ? in.lse : std::nullopt, ref.dq.desc(), ref.dk.desc());
       if (!backward(args, options_of(c, variant), nullptr, 0, nullptr).ok()) return " CPU backward refused";
       for (const auto& [name, got, want] : {std::tuple{"dq", &dq[v], &ref.dq}, {"dk", &dk[v], &ref.dk}}) {
         const std::vector<double> g = got->values(), w = want->values();
         double err = relative_error(g, w);
         if (gradients_vanish(c)) {  // rounding noise: absolute terms (see expect_gradient_close)
           err = 0;
-          for (size_t i = 0; i < w.size(); ++i) err = std::isnan(g[i] - w[i]) ? g[i] - w[i] : std::max(err, std::fabs(g[i] - w[i]));
+          for (size_t i = 0; i < w.size(); ++i)
+            err = std::isnan(g[i] - w[i]) ? g[i] - w[i] : std::max(err, std::fabs(g[i] - w[i]));
         }
         note(std::string(variant_name(variant)) + " " + name, err, bound);
         if (!got->padding_untouched()) wrong += std::string(" ") + name + " written outside its view";
@@ -397,8 +406,9 @@ std::string compare_runs(const GpuCase& now, const GpuCase& first) {
   if (!bitwise_equal(now.out.lse, first.out.lse)) wrong += " lse";
   for (size_t v = 0; v < now.dq.size(); ++v) {
     for (const auto& [name, a, b] : {std::tuple{"dq", &now.dq[v], &first.dq[v]}, {"dk", &now.dk[v], &first.dk[v]}}) {
-      const bool same = now.c.deterministic ? bitwise_equal(*a, *b)
-                                            : relative_error(a->values(), b->values()) <= contract_tolerance(now.c.dtype);
+      const bool same = now.c.deterministic
+                            ? bitwise_equal(*a, *b)
+                            : relative_error(a->values(), b->values()) <= contract_tolerance(now.c.dtype);
       if (!same) wrong += std::string(" ") + variant_name(kAllVariants[v]) + " " + name;
     }
   }

@@ -11,6 +11,9 @@
 #                                               # A/B: the bench again from a build per ';'-separated variant
 #   scripts/export-revs.sh main my-branch; STAGES="revs" scripts/gpu-check.sh   (carry .deps and build/revs)
 #                                               # A/B of whole revisions: each built, then benched in turns
+#   STAGES="build sanitize-all stress fuzz" scripts/gpu-check.sh
+#                                               # reliability: every sanitizer over the whole GPU test suite,
+#                                               # the stress run, the API fuzzer; counts in h200-reliability.json
 #
 # Needs .deps/ (scripts/deps.sh, run where there is network; carry it with the call).
 # shellcheck disable=SC2086
@@ -24,6 +27,14 @@ CTEST_ARGS=${CTEST_ARGS:-}  # e.g. "-R D128" for the Hopper cases only
 # A representative subset under the sanitizers: every dtype, mask and mode at a tail size (generic and Hopper
 # paths), GQA, strided layouts.
 SANITIZE_FILTER=${SANITIZE_FILTER:-'*GpuVsCpu*S65x65_D64*:*GpuVsCpu*S136x136_D128*:*GpuVsCpu*S200x200*:*H4x1_S129x129*:*GpuVsCpu*S264x264_D128*:*GpuVsCpu*S1032x264*:*GpuForwardWithoutLse*:*GpuManyItems*S512x512*'}
+# stage sanitize-all: every tool over the whole test suite (the tests' shapes shrunk where size serves only
+# volume, QKSOFTMAX_TEST_SHAPES=small), each tool in SANITIZE_SHARDS shards, all tools and shards at once.
+SANITIZE_TOOLS=${SANITIZE_TOOLS:-"memcheck racecheck synccheck initcheck"}
+SANITIZE_SHARDS=${SANITIZE_SHARDS:-4}
+SANITIZE_ALL_FILTER=${SANITIZE_ALL_FILTER:-'*'}
+STRESS_SECONDS=${STRESS_SECONDS:-90}    # stage stress: the concurrent phase (then graphs, repeats, memory)
+STRESS_THREADS=${STRESS_THREADS:-4}
+FUZZ_ITERATIONS=${FUZZ_ITERATIONS:-3000}  # stage fuzz: calls on device memory (and as many on the host)
 # A few cases of each Hopper kernel, run first under a short timeout: a hang shows here, not in ctest.
 SMOKE_FILTER=${SMOKE_FILTER:-'*GpuVsCpu*S520x520_D128*:*GpuVsCpu*S1024x1024_D128*:*GpuVsCpu*S120x120_D128*:*GpuForwardWithoutLse*:*ForwardManyItemsRepeated*'}
 # ncu: the Hopper kernels of seed16 cases, in each mode (the bench's calls are not deterministic: the two-pass
@@ -40,6 +51,9 @@ REVS_ROUNDS=${REVS_ROUNDS:-2}
 PEER_ARGS=${PEER_ARGS:-"--suite seed16 --dtype bf16 --impl eager,compile,autograd,eager_fwd,compile_fwd,eager_fwd_bwd,compile_fwd_bwd,qksoftmax_fwd_bwd,qksoftmax_p_fwd_bwd"}
 BUILD=build/gpu
 LOGS=$OUT/logs
+# The reliability stages' counts, kept in the build tree between calls on one machine and merged into
+# $OUT/h200-reliability.json by every call that has any (so sanitize-all and stress may run in two calls).
+RELIABILITY=build/reliability
 mkdir -p "$LOGS"
 export PYTHONUNBUFFERED=1
 export QKSOFTMAX_REQUIRE_GPU=1  # here a missing GPU fails the GPU tests instead of skipping them
@@ -186,6 +200,61 @@ if has_stage sanitize; then
   done
 fi
 
+if has_stage sanitize-all; then
+  tests_bin=$(find $BUILD -name qksoftmax_tests -type f | head -1)
+  mkdir -p "$RELIABILITY" "$LOGS/sanitize-all"
+  suite_tests=$(QKSOFTMAX_TEST_SHAPES=small "$tests_bin" --gtest_filter="$SANITIZE_ALL_FILTER" --gtest_list_tests |
+                grep -c '^  ')
+  echo "=== sanitize-all: $SANITIZE_TOOLS over $suite_tests tests, $SANITIZE_SHARDS shards each"
+  t0=$SECONDS
+  for tool in $SANITIZE_TOOLS; do
+    leak=""
+    [ "$tool" = memcheck ] && leak="--leak-check full"
+    for shard in $(seq 0 $((SANITIZE_SHARDS - 1))); do
+      name=$LOGS/sanitize-all/sanitize-all-$tool-$shard
+      ( QKSOFTMAX_TEST_SHAPES=small QKSOFTMAX_TEST_RESET_DEVICE=1 GTEST_TOTAL_SHARDS=$SANITIZE_SHARDS GTEST_SHARD_INDEX=$shard \
+          timeout "$(left)" compute-sanitizer --tool "$tool" $leak --error-exitcode 1 "$tests_bin" \
+          --gtest_filter="$SANITIZE_ALL_FILTER" --gtest_brief=1 --gtest_output="json:$name.json" > "$name.log" 2>&1
+        echo $? > "$name.rc" ) &
+    done
+  done
+  wait
+  if python3 scripts/reliability.py sanitize "$LOGS/sanitize-all" "$SANITIZE_TOOLS" "$SANITIZE_SHARDS" "$suite_tests" \
+       $((SECONDS - t0)) "$RELIABILITY/sanitize.json" > "$LOGS/sanitize-all.log" 2>&1; then
+    while read -r line; do
+      tool=${line%%:*}
+      if [[ $line == *": clean:"* ]]; then record "$tool" ok "${line#*: clean: }"; else record "$tool" FAIL "${line#*: }"; fi
+    done < "$LOGS/sanitize-all.log"
+  else
+    record sanitize FAIL "see logs/sanitize-all.log"
+  fi
+fi
+
+if has_stage stress; then
+  stress_bin=$(find $BUILD -name qksoftmax_stress -type f | head -1)
+  mkdir -p "$RELIABILITY"
+  QKSOFTMAX_STRESS_SECONDS=$STRESS_SECONDS QKSOFTMAX_STRESS_THREADS=$STRESS_THREADS \
+    QKSOFTMAX_STRESS_JSON="$LOGS/stress-counts.json" run_logged stress "$stress_bin" --gtest_brief=1
+  status=$?
+  python3 scripts/reliability.py stress "$LOGS/stress-counts.json" "$status" "$STRESS_SECONDS" \
+    "$STRESS_THREADS" "$RELIABILITY/stress.json" > "$LOGS/stress-summary.log" 2>&1
+  if [ "$status" -eq 0 ]; then record stress ok "$(cat "$LOGS/stress-summary.log")"; else record stress FAIL "$(cat "$LOGS/stress-summary.log")"; fi
+fi
+
+if has_stage fuzz; then
+  fuzz_bin=$(find $BUILD -name qksoftmax_fuzz -type f | head -1)
+  mkdir -p "$RELIABILITY"
+  for device in cuda cpu; do
+    rm -f "$RELIABILITY/fuzz-$device.json"  # a crash leaves none, not an older one
+    if run_logged "fuzz-$device" "$fuzz_bin" --device $device --iterations "$FUZZ_ITERATIONS" --seed 1 \
+         --json "$RELIABILITY/fuzz-$device.json"; then
+      record "fuzz $device" ok "$(last_line '^fuzz' "$LOGS/fuzz-$device.log")"
+    else
+      record "fuzz $device" FAIL "$(last_line '^fuzz|qksoftmax_fuzz' "$LOGS/fuzz-$device.log")"
+    fi
+  done
+fi
+
 if has_stage sass; then
   lib=$(find $BUILD -maxdepth 1 -name 'libqksoftmax.so*' -type f | head -1)
   cuobjdump --dump-sass "$lib" > "$LOGS/sass.txt" 2>&1
@@ -252,6 +321,11 @@ fi
 
 if [ -f "$OUT/h200.json" ]; then
   python3 bench/plot.py "$OUT/h200.json" > "$LOGS/plot.log" 2>&1 || record plot FAIL "see logs/plot.log"
+fi
+
+if [ -d "$RELIABILITY" ]; then
+  python3 scripts/reliability.py merge "$RELIABILITY" "$LOGS/env.txt" "$OUT/h200-reliability.json" ||
+    record reliability FAIL "merge of the counts failed"
 fi
 
 tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$LOGS"

@@ -153,8 +153,18 @@ class TorchFrame(Frame):
             )
 
     def check_device_of_q(self) -> None:
+        self.check_strided("q", self.q)
         if self.q.device.type not in self.devices:
             raise self.error(ValueError, f"q must be on the CPU or a CUDA device, got {self.q.device}")
+
+    def check(self, name: str, x: Any, dtype: Any, like: str = "") -> None:
+        super().check(name, x, dtype, like)
+        self.check_strided(name, x)
+
+    def check_strided(self, name: str, x: Any) -> None:
+        """Sparse and other non-strided layouts have no strides to describe."""
+        if x.layout != self.torch.strided:
+            raise self.error(TypeError, f"{name} must be a strided (dense) torch.Tensor, got layout {x.layout}")
 
     def is_mine(self, x: object) -> bool:
         import torch

@@ -99,9 +99,24 @@ def forward_op(q: Tensor, k: Tensor, scale: Optional[float], causal: bool, save:
     return run_forward(TORCH, FORWARD_OP, q, k, scale, causal, explain=False)
 
 
+def _check_devices(where: str, q: Tensor, **tensors: Optional[Tensor]) -> None:
+    """Every tensor on q's device. The dispatcher runs the fake implementations whenever any input is on the meta
+    device: without this, a call mixing devices would return empty tensors on q's device."""
+    for name, x in tensors.items():
+        if x is not None and x.device != q.device:
+            raise ValueError(f"{where}: {name} must be on {q.device} like q, got {x.device}")
+
+
+def _check_saved_p(p: Optional[Tensor]) -> None:
+    """backward_saved_p's p is required (eager calls of an op pass None through a Tensor argument)."""
+    if p is None:
+        raise TypeError(f"{BACKWARD_SAVED_P_OP}: p must be a torch.Tensor, got NoneType")
+
+
 @forward_op.register_fake
 def _forward_fake(q: Tensor, k: Tensor, scale: Optional[float], causal: bool, save: str) -> tuple[Tensor, Tensor]:
     check_save(FORWARD_OP, save)
+    _check_devices(FORWARD_OP, q, k=k)
     shape = probs_shape(FORWARD_OP, q, k)
     return q.new_empty(shape), q.new_empty(shape[:-1], dtype=torch.float32)
 
@@ -117,6 +132,7 @@ def backward_recompute_op(
 def backward_saved_p_op(
     q: Tensor, k: Tensor, p: Tensor, dp: Tensor, scale: Optional[float], causal: bool
 ) -> tuple[Tensor, Tensor]:
+    _check_saved_p(p)
     return run_backward(TORCH, BACKWARD_SAVED_P_OP, q, k, dp, p, None, scale, causal, explain=False)
 
 
@@ -129,6 +145,7 @@ def _gradients_fake(where: str, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
 def _backward_recompute_fake(
     q: Tensor, k: Tensor, dp: Tensor, lse: Optional[Tensor], scale: Optional[float], causal: bool
 ) -> tuple[Tensor, Tensor]:
+    _check_devices(BACKWARD_RECOMPUTE_OP, q, k=k, dp=dp, lse=lse)
     return _gradients_fake(BACKWARD_RECOMPUTE_OP, q, k)
 
 
@@ -136,6 +153,8 @@ def _backward_recompute_fake(
 def _backward_saved_p_fake(
     q: Tensor, k: Tensor, p: Tensor, dp: Tensor, scale: Optional[float], causal: bool
 ) -> tuple[Tensor, Tensor]:
+    _check_saved_p(p)
+    _check_devices(BACKWARD_SAVED_P_OP, q, k=k, p=p, dp=dp)
     return _gradients_fake(BACKWARD_SAVED_P_OP, q, k)
 
 
@@ -157,6 +176,18 @@ def _backward(ctx: Any, dp: Tensor, _: Tensor) -> tuple[Optional[Tensor], ...]:
 
 
 forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _no_second_derivative(ctx: Any, *grads: Tensor) -> None:
+    raise NotImplementedError(
+        "qksoftmax: no second derivative is implemented (double backward, e.g. torch.autograd.grad with "
+        "create_graph=True through attention_probs, then a backward of its gradients)"
+    )
+
+
+# A graph of the first derivative (create_graph=True) must refuse to be differentiated, not treat dq as a constant.
+backward_recompute_op.register_autograd(_no_second_derivative)
+backward_saved_p_op.register_autograd(_no_second_derivative)
 
 
 # The eager fast path.

@@ -52,8 +52,9 @@ int resident_clusters(int cluster, Status* status) {
   if (const int known = cache[slot].load(std::memory_order_relaxed); known > 0 && device < kMaxDevices) return known;
 
   const auto kernel = bwd_kernel<Cfg>;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes) != cudaSuccess) {
-    *status = launch_status("sm90 backward (shared memory)");
+  if (Status s = reserve_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes, "sm90 backward");
+      !s.ok()) {
+    *status = s;
     return 0;
   }
   const ClusterLaunch<Cfg> launch_config(cluster, cluster, nullptr);
@@ -77,12 +78,13 @@ Status run_sm90_bwd(const Problem& prob, CUstream_st* stream, int64_t repeat) {
   const int cluster = Cfg::cluster_for(prob.Sk);
   const int64_t heads = prob.B * prob.Hk;
   const typename Cfg::Params params{prob, sm90::bwd_loads<Cfg>(prob), cluster, heads * repeat, heads};
+  if (Status s = take_tma_failure(kName); !s.ok()) return s;  // nothing launched on a descriptor that failed
   Status status;
   const int resident = sm90::resident_clusters<Cfg>(cluster, &status);
   if (resident == 0) return status;
   const int64_t clusters = std::min<int64_t>(params.work, resident);
   // Always a cluster launch, of one CTA too: the kernel addresses shared memory and barriers through the
-  // cluster (resident_clusters set the kernel's shared-memory limit).
+  // cluster (resident_clusters reserved the kernel's shared memory).
   ClusterLaunch<Cfg> launch_config(clusters * cluster, cluster, stream);
   cudaLaunchKernelEx(&launch_config.config, sm90::bwd_kernel<Cfg>, params);  // its error is also the last error
   return launch_status(kName);

@@ -144,6 +144,7 @@ class TorchFrame(Frame):
     def __init__(self, where: str, q: Any) -> None:
         import torch
 
+        self.torch = torch
         self.dtypes = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
         self.float32 = torch.float32
         super().__init__(where, q)

@@ -315,13 +315,13 @@ struct GpuCase {
     const auto note = [&](const std::string& what, double err, double bound) {
       if (!(err <= bound)) wrong += " " + what + " " + std::to_string(err);
     };
-    const double bound = contract_tolerance(c.dtype);
+    const double bound = accuracy::bound(c.dtype);
     const Inputs in{q.converted(DType::kFloat32), k.converted(DType::kFloat32), dp.converted(DType::kFloat32),
                     out.p.converted(DType::kFloat32), out.lse.converted(DType::kFloat32)};
     Outputs ref(c, DType::kFloat32, Layout::kContiguous);
     if (!cpu_forward(c, in.q, in.k, ref).ok()) return " CPU forward refused";
     note("p", relative_error(out.p.values(), ref.p.values()), bound);
-    note("lse", relative_error(out.lse.values(), ref.lse.values()), contract_tolerance(DType::kFloat32));
+    note("lse", relative_error(out.lse.values(), ref.lse.values()), accuracy::bound(DType::kFloat32));
     for (const HostTensor* t : {&out.p, &out.lse}) {
       if (!t->padding_untouched()) wrong += " written outside a forward output";
     }
@@ -408,7 +408,7 @@ std::string compare_runs(const GpuCase& now, const GpuCase& first) {
     for (const auto& [name, a, b] : {std::tuple{"dq", &now.dq[v], &first.dq[v]}, {"dk", &now.dk[v], &first.dk[v]}}) {
       const bool same = now.c.deterministic
                             ? bitwise_equal(*a, *b)
-                            : relative_error(a->values(), b->values()) <= contract_tolerance(now.c.dtype);
+                            : relative_error(a->values(), b->values()) <= accuracy::bound(now.c.dtype);
       if (!same) wrong += std::string(" ") + variant_name(kAllVariants[v]) + " " + name;
     }
   }

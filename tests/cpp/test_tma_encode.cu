@@ -1,6 +1,7 @@
 // A TMA descriptor that fails to encode is a Status for the launch to return, never a print: CuTe's make_tma_copy
 // encodes through encode_tma_tiled (cuda/tma_encode.h). Without a GPU the driver's encoder cannot be found (that
-// is the failure); with one, a base address off TMA's 16-byte grid is refused by the driver.
+// is the failure); with one, a base address off TMA's 16-byte grid is refused by the driver. The tile is device
+// memory where there is a GPU, as every descriptor the library encodes.
 // (CUDA C++17: the tests' C++20 helpers are not included.)
 #include <cuda_runtime.h>
 #include <cute/tensor.hpp>
@@ -20,13 +21,26 @@ using Element = cutlass::bfloat16_t;
 constexpr int kRows = 64, kCols = 64;
 using SmemLayout = Layout<Shape<Int<kRows>, Int<kCols>>, Stride<Int<kCols>, _1>>;
 
-alignas(128) Element buffer[kRows * kCols + kCols];
+alignas(128) Element host_buffer[kRows * kCols + kCols];
 
 bool gpu_present() {
   int count = 0;
   const bool present = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
   cudaGetLastError();
   return present;
+}
+
+// The tile's memory: on the device where there is one (allocated once, never freed: a test process's lifetime).
+const Element* tile_memory() {
+  static const Element* memory = [] {
+    void* device = nullptr;
+    if (gpu_present() && cudaMalloc(&device, sizeof(host_buffer)) == cudaSuccess) {
+      return static_cast<const Element*>(device);
+    }
+    cudaGetLastError();
+    return static_cast<const Element*>(host_buffer);
+  }();
+  return memory;
 }
 
 // Encodes a TMA load of a row-major kRows × kCols tile at `base`; returns what it printed to stderr.
@@ -43,7 +57,7 @@ TEST(TmaEncode, AFailureIsReturnedAndNothingIsPrinted) {
 #endif
   const bool gpu = gpu_present();
   ASSERT_TRUE(take_tma_failure("earlier").ok());
-  EXPECT_EQ(encode_at(gpu ? buffer + 1 : buffer), "");
+  EXPECT_EQ(encode_at(gpu ? tile_memory() + 1 : tile_memory()), "");
   const Status s = take_tma_failure("test kernel");
   EXPECT_EQ(int(s.code()), int(Code::kCudaError));
   EXPECT_EQ(s.message().rfind("test kernel: a TMA descriptor failed to encode (", 0), 0u) << s.message();
@@ -55,8 +69,9 @@ TEST(TmaEncode, AFailureIsReturnedAndNothingIsPrinted) {
 
 TEST(TmaEncode, ADescriptorThatEncodesLeavesNoFailure) {
   if (!gpu_present()) GTEST_SKIP() << "no CUDA GPU: without one every descriptor fails (the test above)";
-  EXPECT_EQ(encode_at(buffer), "");
-  EXPECT_TRUE(take_tma_failure("test kernel").ok());
+  EXPECT_EQ(encode_at(tile_memory()), "");
+  const Status s = take_tma_failure("test kernel");
+  EXPECT_TRUE(s.ok()) << s.message();
 }
 
 }  // namespace

@@ -3,7 +3,7 @@
 # of whole revisions (kernels that differ in more than a compile-time flag) built and benched side by side in
 # one call on the GPU machine, each against the same ceilings. Carry build/revs with the call.
 #
-#   scripts/export-revs.sh main colpass-v9     # then: run STAGES="revs" scripts/gpu-check.sh, carry .deps build/revs
+#   scripts/export-revs.sh main my-change     # then: run STAGES="revs" scripts/gpu-check.sh, carry .deps build/revs
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: $0 REV [REV...]" >&2; exit 2; }

@@ -421,7 +421,7 @@ INSTANTIATE_TEST_SUITE_P(
     param_name);
 
 // Forwards enqueued back to back, with no synchronisation between them, at a shape with ~16 row-block tiles
-// per SM (the one-pass forward on branch forward-stripe faulted here, and passed at smaller ones). Every
+// per SM (a persistent forward that faulted at this scale passed at smaller ones). Every
 // call's P and LSE must equal the first call's bit for bit (each output element is summed in a fixed order),
 // and the first call's must match the CPU backend row by row: one wrong tile among 67M elements would vanish
 // in a single Frobenius norm.

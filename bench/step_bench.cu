@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -126,8 +127,11 @@ Result run(const std::string& json_path) {
   if (json_path.empty()) return {};
   std::FILE* f = std::fopen(json_path.c_str(), "w");
   if (f == nullptr) return Result("cannot write " + json_path);
-  std::fprintf(f, "{\"gpu\": \"%s\", \"bf16_TFLOPs\": %.1f, \"repeat\": %d, \"steps\": [", info.name.c_str(),
-               ceilings.bf16_TFLOPs, kRepeat);
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  std::fprintf(f, "{\"gpu\": \"%s\", \"date\": \"%s\", \"bf16_TFLOPs\": %.1f, \"repeat\": %d, \"steps\": [",
+               info.name.c_str(), date, ceilings.bf16_TFLOPs, kRepeat);
   for (size_t i = 0; i < results.size(); ++i) {
     const StepResult& r = results[i];
     std::fprintf(f, "%s\n  {\"mode\": \"%s\", \"cluster\": %d, \"launch_us\": %.2f, \"step_us\": %.4f, \"tensor_share\": %.4f}",

@@ -238,17 +238,22 @@ INSTANTIATE_TEST_SUITE_P(Edges, GpuSinglePass, ::testing::ValuesIn(single_pass_c
 // in a fixed order too: two runs are bitwise equal.
 class GpuSinglePassRepeat : public GpuTest, public ::testing::WithParamInterface<Variant> {};
 
+// Case c run twice on the same inputs: the outputs bitwise equal; the first run's in `a`.
+void expect_runs_bitwise_equal(const Case& c, const Inputs& in, Outputs& a) {
+  Outputs b(c, c.dtype, c.layout);
+  const Status first = gpu_run(c, in, a);
+  ASSERT_TRUE(first.ok()) << first.message();
+  const Status second = gpu_run(c, in, b);
+  ASSERT_TRUE(second.ok()) << second.message();
+  expect_bitwise_equal(a, b);
+}
+
 TEST_P(GpuSinglePassRepeat, TwoRunsBitwiseEqual) {
   for (int64_t len : {128, 72}) {
     SCOPED_TRACE("S = " + std::to_string(len));
     const Case c{.B = 2, .Hq = 8, .Hk = 2, .Sq = len, .Sk = len, .D = 128, .variant = GetParam()};
-    const Inputs in = make_inputs(c, test_seed());
-    Outputs a(c, c.dtype, c.layout), b(c, c.dtype, c.layout);
-    const Status first = gpu_run(c, in, a);
-    ASSERT_TRUE(first.ok()) << first.message();
-    const Status second = gpu_run(c, in, b);
-    ASSERT_TRUE(second.ok()) << second.message();
-    expect_bitwise_equal(a, b);
+    Outputs a(c, c.dtype, c.layout);
+    expect_runs_bitwise_equal(c, make_inputs(c, test_seed()), a);
   }
 }
 
@@ -266,12 +271,8 @@ TEST_P(GpuDeterminism, TwoRunsBitwiseEqual) {
     const Case c{.B = batch, .Hq = heads, .Hk = 1, .Sq = len, .Sk = len, .D = 128, .variant = GetParam(),
                  .deterministic = true};
     const Inputs in = make_inputs(c, test_seed());
-    Outputs a(c, c.dtype, c.layout), b(c, c.dtype, c.layout);
-    const Status first = gpu_run(c, in, a);
-    ASSERT_TRUE(first.ok()) << first.message();
-    const Status second = gpu_run(c, in, b);
-    ASSERT_TRUE(second.ok()) << second.message();
-    expect_bitwise_equal(a, b);
+    Outputs a(c, c.dtype, c.layout);
+    expect_runs_bitwise_equal(c, in, a);
     expect_matches(c, a, cpu_reference(c, in));
   }
 }

@@ -40,7 +40,7 @@ auto backward_views(const Problem& prob) {
                                            prob.B));
 }
 
-// The TMA descriptors of the two-warpgroup step's inputs (fused kernel, column pass).
+// The TMA descriptors of the column pass's step inputs.
 template <class Tiles>
 typename Tiles::Loads step_loads(const Problem& prob) {
   using namespace cute;

@@ -111,7 +111,7 @@ __device__ inline void store_scaled(Element* out, float4 v, float scale, bool ve
   }
 }
 
-// The backward's step on two warpgroups, shared by the fused kernel and the column pass: a 64-row block of Q
+// The column pass's step on two warpgroups: a 64-row block of Q
 // (and of dP, P) against a CTA's 128 key columns. The warpgroups split the columns for S and dK and the head
 // dimensions for dQ; transposed views of the same swizzled buffers give the MN-major wgmma operands.
 // kStages (Q, dP[, P]) tiles are staged by TMA; each kernel picks how many its shared memory holds.
@@ -258,20 +258,17 @@ CUTE_HOST_DEVICE constexpr auto rowcol(const Layout& acc) {
                      make_layout(get<0>(mode0), get<2>(mode0), get<2>(acc)));
 }
 
-// acc (+)= A · B over the whole K extent of the shared-memory operands, on one warpgroup. With kWait false
-// the products stay in flight: a later warpgroup_gemm's wait (or warpgroup_wait<0>) completes them, after
-// which the caller fences acc.
-template <bool kZeroInit, bool kWait = true, class Mma, class TA, class TB, class Acc>
-__device__ void warpgroup_gemm(Mma& mma, const TA& sA, const TB& sB, Acc& acc) {
-  auto thr_mma = mma.get_thread_slice(threadIdx.x);
-  Tensor tCrA = thr_mma.make_fragment_A(thr_mma.partition_A(sA));  // (MMA, MMA_M, MMA_K) descriptors
-  Tensor tCrB = thr_mma.make_fragment_B(thr_mma.partition_B(sB));  // (MMA, MMA_N, MMA_K) descriptors
+// acc (+)= A · B over the first kBlocks k-blocks of the partitioned operands (descriptors of shared memory, or
+// A in registers), on one warpgroup. With kWait false the products stay in flight: a later wait
+// (warpgroup_wait<0>) completes them, after which the caller fences acc.
+template <int kBlocks, bool kZeroInit, bool kWait = true, class Mma, class TA, class TB, class Acc>
+__device__ void warpgroup_mma(Mma& mma, const TA& tA, const TB& tB, Acc& acc) {
   warpgroup_fence_operand(acc);
   warpgroup_arrive();
   if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
   CUTE_UNROLL
-  for (int kb = 0; kb < size<2>(tCrA); ++kb) {
-    gemm(mma, tCrA(_, _, kb), tCrB(_, _, kb), acc);
+  for (int kb = 0; kb < kBlocks; ++kb) {
+    gemm(mma, tA(_, _, kb), tB(_, _, kb), acc);
     mma.accumulate_ = GMMA::ScaleOut::One;
   }
   warpgroup_commit_batch();
@@ -279,6 +276,15 @@ __device__ void warpgroup_gemm(Mma& mma, const TA& sA, const TB& sB, Acc& acc) {
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc);
   }
+}
+
+// acc (+)= A · B over the whole K extent of the shared-memory operands (partitioned for threadIdx.x).
+template <bool kZeroInit, bool kWait = true, class Mma, class TA, class TB, class Acc>
+__device__ void warpgroup_gemm(Mma& mma, const TA& sA, const TB& sB, Acc& acc) {
+  auto thr_mma = mma.get_thread_slice(threadIdx.x);
+  Tensor tCrA = thr_mma.make_fragment_A(thr_mma.partition_A(sA));  // (MMA, MMA_M, MMA_K) descriptors
+  Tensor tCrB = thr_mma.make_fragment_B(thr_mma.partition_B(sB));  // (MMA, MMA_N, MMA_K) descriptors
+  warpgroup_mma<size<2>(decltype(tCrA.layout()){}), kZeroInit, kWait>(mma, tCrA, tCrB, acc);
 }
 
 // Shared-memory accesses spelled out: the compiler cannot always prove that a pointer into the dynamic
@@ -290,14 +296,6 @@ __device__ inline uint32_t cluster_addr(uint32_t local, uint32_t rank) {
   uint32_t out;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(local), "r"(rank));
   return out;
-}
-// Loads are volatile (kept after the barrier that made their data visible) but clobber nothing, so that the
-// compiler keeps values it already has in registers.
-__device__ inline float4 load_cluster_f4(uint32_t addr) {
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
-  return v;
 }
 // ldmatrix / stmatrix (x4) of a 16-bit shared-memory tile in a wgmma accumulator's layout, addressed by 32-bit
 // shared-memory offsets computed once per thread. CuTe's tiled copies recompute every access's swizzled
@@ -362,9 +360,6 @@ __device__ void store_matrices(const Addr& addr, uint32_t offset, const Frag& fr
   for_each_access(addr, [&](int a, int m, int n) { store_matrix(addr(a, m, n) + offset, frag(make_coord(_, a), m, n)); });
 }
 
-// The split cluster barrier, ordered with every memory access around it (release on arrive, acquire on wait).
-__device__ inline void cluster_arrive_ordered() { asm volatile("barrier.cluster.arrive.release.aligned;" : : : "memory"); }
-__device__ inline void cluster_wait_ordered() { asm volatile("barrier.cluster.wait.acquire.aligned;" : : : "memory"); }
 __device__ inline void store_shared_f2(uint32_t addr, float x, float y) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};" : : "r"(addr), "f"(x), "f"(y) : "memory");
 }

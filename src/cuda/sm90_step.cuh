@@ -1,4 +1,4 @@
-// The two-warpgroup backward step (StepTiles) as the fused kernel and the column pass both run it: the
+// The column pass's two-warpgroup step (StepTiles): the
 // leader's TMA loads of K and of a step's (Q, dP[, P]) tiles, dS from the row statistics, and the dK epilogue.
 #pragma once
 

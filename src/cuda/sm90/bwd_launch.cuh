@@ -48,8 +48,11 @@ int resident_clusters(int cluster, Status* status) {
     *status = launch_status("sm90 backward (device)");
     return 0;
   }
-  const int slot = (device % kMaxDevices) * kClusterSizes + (__builtin_ctz(unsigned(cluster)));
-  if (const int known = cache[slot].load(std::memory_order_relaxed); known > 0 && device < kMaxDevices) return known;
+  const size_t slot = size_t(device) * kClusterSizes + size_t(__builtin_ctz(unsigned(cluster)));
+  std::atomic<int>* known = device < kMaxDevices ? &cache[slot] : nullptr;  // past kMaxDevices: asked every time
+  if (known != nullptr) {
+    if (const int clusters = known->load(std::memory_order_relaxed); clusters > 0) return clusters;
+  }
 
   const auto kernel = bwd_kernel<Cfg>;
   if (Status s = reserve_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes, "sm90 backward");
@@ -64,7 +67,7 @@ int resident_clusters(int cluster, Status* status) {
     *status = {Code::kCudaError, "sm90 backward: no cluster of " + std::to_string(cluster) + " CTAs fits the device"};
     return 0;
   }
-  if (device < kMaxDevices) cache[slot].store(clusters, std::memory_order_relaxed);
+  if (known != nullptr) known->store(clusters, std::memory_order_relaxed);
   return clusters;
 }
 

@@ -55,7 +55,7 @@ struct BwdProducer {
 
       for (int t = 0; t < steps.count; ++t) {
         const int64_t h = steps.head(item, t);
-        const int mb = int(steps.row0(t) / Cfg::kBlockM);
+        const int mb = steps.row_block(t);
         const int live = mask.live(steps.row0(t));
         stage_pipe.producer_acquire(stage_state);  // expects the Q tile's bytes
         if (live > 0) {

@@ -23,23 +23,6 @@ CUTE_HOST_DEVICE constexpr auto acc_as_operand_a(const Layout& acc) {
   return make_layout(make_layout(get<0, 0>(acc), get<0, 1>(acc), get<0>(split)), get<1>(acc), get<1>(split));
 }
 
-// acc = A · B over the kBlocks first k-blocks of the operands (A in shared memory or registers), on the
-// warpgroup of thread `tid` (its index in the warpgroup); the products complete before the return.
-template <int kBlocks, bool kZeroInit, class Mma, class TA, class TB, class Acc>
-__device__ void warpgroup_mma(Mma& mma, const TA& tA, const TB& tB, Acc& acc) {
-  warpgroup_fence_operand(acc);
-  warpgroup_arrive();
-  if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
-  CUTE_UNROLL
-  for (int kb = 0; kb < kBlocks; ++kb) {
-    gemm(mma, tA(_, _, kb), tB(_, _, kb), acc);
-    mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  warpgroup_commit_batch();
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(acc);
-}
-
 // A reduction over a row's values in kLanes interleaved partial results (value i into lane i % kLanes), so
 // that consecutive operations do not wait on each other; combined at the end.
 template <int kLanes>
@@ -92,7 +75,7 @@ struct BwdSoftmax {
     Tensor sdP = make_tensor(make_smem_ptr(st.dp.data()), typename Cfg::SmemLayoutP{});   // (BM, BN, ST)
     Tensor sP = make_tensor(make_smem_ptr(st.p.data()), typename Cfg::SmemLayoutP{});     // (BM, BN, ST), saved-P
 
-    typename Cfg::template MmaS<kChunks> mma_s;  // the full tile's layouts; products use MmaS<live>
+    typename Cfg::template MmaS<kChunks> mma_s;  // the full tile's layouts; S is two products of MmaSPair
     auto thr_s = mma_s.get_thread_slice(tid);
     // Register fragments are made per step: an accumulator carried from the previous step would stay live
     // through this one (wgmma names every accumulator register as an input, zero-initialised or not).

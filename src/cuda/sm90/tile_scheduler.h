@@ -46,7 +46,8 @@ struct ItemSteps {
       : row_blocks(int((prob.Sq + kBlockM - 1) / kBlockM)), group(int(prob.group())), count(row_blocks * group) {}
 
   CUTE_HOST_DEVICE int64_t head(const WorkItem& item, int t) const { return item.kv_head * group + t / row_blocks; }
-  CUTE_HOST_DEVICE int64_t row0(int t) const { return int64_t(t % row_blocks) * kBlockM; }
+  CUTE_HOST_DEVICE int row_block(int t) const { return t % row_blocks; }
+  CUTE_HOST_DEVICE int64_t row0(int t) const { return int64_t(row_block(t)) * kBlockM; }
 };
 
 }  // namespace qksoftmax::cuda::sm90

@@ -41,6 +41,7 @@ SMOKE_FILTER=${SMOKE_FILTER:-'*GpuVsCpu*S520x520_D128*:*GpuVsCpu*S1024x1024_D128
 # backward). Per-source-line tables: scripts/ncu_lines.py on the saved CSVs.
 PROFILE_CASES=${PROFILE_CASES:-"4,128,512,128 4,128,1024,128"}
 PROFILE_MODES=${PROFILE_MODES:-"recompute saved_p forward"}
+PROFILE_IMPL=${PROFILE_IMPL:-qksoftmax}  # qksoftmax_deterministic: the single pass at every Sk ≤ 1024
 BENCH_ARGS=${BENCH_ARGS:-"--suite all --mode all --dtype bf16"}
 # stage ab: ';'-separated CUDA flags, a build and a bench (BENCH_ARGS) each into $OUT/ab<i>.json; an empty
 # variant (";-DX=1") is a control build without flags. CMAKE_ARGS apply too, before the variant's flags.
@@ -278,7 +279,7 @@ if has_stage profile; then
       name="ncu-$mode-S$(echo "$case" | cut -d, -f3)"
       run_logged "$name" ncu --clock-control none --set full --import-source yes \
         -k "$kernels" --launch-count 1 -f -o "$OUT/$name" \
-        "$bench_bin" --case "$case" --mode $mode --impl qksoftmax --runs 20 --warmup 3
+        "$bench_bin" --case "$case" --mode $mode --impl "$PROFILE_IMPL" --runs 20 --warmup 3
       ncu --import "$OUT/$name.ncu-rep" --page details --print-details all > "$LOGS/$name-details.log" 2>&1
       ncu --import "$OUT/$name.ncu-rep" --page source --print-source sass --csv > "$LOGS/$name-sass.csv" 2>&1
     done

@@ -3,11 +3,15 @@
 //
 // A thread-block cluster of C CTAs holds every key of a (batch, key head) for Sk ≤ kBlockN · kMaxCluster.
 // Keys are dealt to the CTAs in 32-key chunks, round robin: chunk u of CTA r holds keys
-// [32 (u C + r), 32 (u C + r) + 32), so that the causal work of every row block is spread evenly. Per CTA:
-//   warpgroup 0   producer: one thread issues TMA (K per head; Q, dP[, P] per 64-row step);
-//   warpgroups 1-2 softmax: alternate steps; S = Q Kᵀ, row statistics exchanged across the cluster,
-//                 dS = P ∘ (dP − D) into shared memory, dQ partial = dS K (registers), pushed to its owners;
-//   warpgroup 3   dK: dK += dSᵀ Q, the CTA's 128 keys × D accumulator resident for the whole head.
+// [32 (u C + r), 32 (u C + r) + 32), so that the causal work of every row block is spread evenly. In shared
+// memory the chunks sit at positions pos(u) = 2 (u mod 2) + ⌊u / 2⌋, so that consumer warpgroup w owns the
+// contiguous positions 2w, 2w + 1 (chunks w and w + 2). Per CTA:
+//   warpgroup 0   producer: one thread issues TMA (K per head; Q, dP[, P] per 64-row step); warps 1-3 sum
+//                 the dQ pieces this CTA owns over the cluster and store them;
+//   warpgroups 1-2 consumers, both on every step: S = Q Kᵀ over the warpgroup's chunks (one step ahead),
+//                 row statistics exchanged across the cluster, dS = P ∘ (dP − D) into shared memory,
+//                 dK += dSᵀ Q over its 64 keys (accumulator resident for the head), the dQ partial = dS K
+//                 over the CTA's keys for its 64 head dimensions, pushed to the pieces' owners.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -42,35 +46,51 @@ struct BwdConfig {
   static constexpr int64_t kMaxSk = int64_t(kBlockN) * kMaxCluster;
   static_assert(kMaxSk == kSm90SinglePassMaxSk, "dispatch and kernel agree on the rows a cluster holds");
   static constexpr int kStages = kSavedP ? 2 : 3;   // (Q, dP[, P]) stages by TMA
-  static constexpr int kSoftmaxWarpgroups = 2;
+  static constexpr int kConsumers = 2;              // consumer warpgroups
+  static constexpr int kHalf = kBlockN / kConsumers;  // keys (for S, dK) and head dimensions (for dQ) of one
+  static_assert(kHalf == 2 * kChunk && kHeadDim == 2 * kHalf, "a consumer owns two chunks and half of D");
   static constexpr int kWarpgroupThreads = 128;
-  static constexpr int kThreads = kWarpgroupThreads * (2 + kSoftmaxWarpgroups);
+  static constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);
+  static constexpr int kConsumerThreads = kWarpgroupThreads * kConsumers;
   static constexpr int kWarpsPerWarpgroup = kWarpgroupThreads / 32;
+  static constexpr int kReducerWarps = kWarpsPerWarpgroup - 1;  // the producer warpgroup's warps 1-3
+  static constexpr int kReducerThreads = 32 * kReducerWarps;
   static constexpr int kQuad = 4;  // lanes that share the rows of a wgmma accumulator
-  // Registers per thread by role (setmaxnreg): the dK accumulator is 128 of the dK warpgroup's; S, dP and
-  // the dQ partial are the softmax warpgroups'. 4 warpgroups × 128 threads × these ≤ 64 K registers.
-  static constexpr int kProducerRegs = 24;
-  static constexpr int kSoftmaxRegs = 160;
-  static constexpr int kDkRegs = 168;
-  static_assert(kWarpgroupThreads * (kProducerRegs + kSoftmaxWarpgroups * kSoftmaxRegs + kDkRegs) <= 64 * 1024,
+  // Registers per thread by role (setmaxnreg): a consumer holds its dK accumulator (64), S of the next step
+  // (32), the probabilities and dP of the current one (32 + 16) and the dQ partial (32).
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  static_assert(kWarpgroupThreads * (kProducerRegs + kConsumers * kConsumerRegs) <= 64 * 1024,
                 "the register file holds the roles");
+  // Named barriers (CUTLASS numbers them after its reserved ones): both consumers' dS written; both
+  // consumers' statistics written (a CTA alone exchanges them through its own shared memory).
+  static constexpr uint32_t kDsBarrier = 0;
+  static constexpr uint32_t kStatsBarrier = 1;
   // dQ is exchanged in pieces of kPieceCols head dimensions: piece p of every row block is summed and stored
-  // by CTA p % C. A piece is kPieceValues accumulator values per thread, two 16-byte pushes.
+  // by CTA p mod C; consumer w computes pieces [w kPieces / 2, (w + 1) kPieces / 2). A piece is kPieceValues
+  // accumulator values per thread, kPieceVectors 16-byte pushes.
   static constexpr int kLog2Pieces = 3;
   static constexpr int kPieces = 1 << kLog2Pieces;
+  static constexpr int kPiecesPerConsumer = kPieces / kConsumers;
   static constexpr int kPieceCols = kHeadDim / kPieces;
   static constexpr int kPieceValues = kBlockM * kPieceCols / kWarpgroupThreads;
   static constexpr int kPieceVectors = kPieceValues / 4;
   static_assert(kPieceValues % 4 == 0, "a piece is whole float4 pushes");
+  static constexpr int kBuffers = 2;  // exchange buffers, by step parity
+
+  // Shared-memory position of chunk u (an involution: the chunk at position p is pos(p)).
+  static CUTE_HOST_DEVICE constexpr int pos(int u) { return 2 * (u % 2) + u / 2; }
 
   using BM = Int<kBlockM>;
   using BN = Int<kBlockN>;
   using CK = Int<kChunk>;
   using HD = Int<kHeadDim>;
+  using HF = Int<kHalf>;
   using ST = Int<kStages>;
 
   // Q, K: 128-byte swizzled, K-major. dP, P, dS: a 32-key chunk is 64 bytes wide, so 64-byte swizzled; the
-  // chunks of a stage are consecutive 4 KB blocks (tile_to_shape fills the rows of an atom column first).
+  // chunk positions of a stage are consecutive 4 KB blocks (tile_to_shape fills the rows of an atom column
+  // first).
   using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<BM, HD, ST>{}));  // (m, d, stage)
   using SmemLayoutQt = decltype(composition(
       SmemLayoutQ{}, make_layout(Shape<HD, BM, ST>{}, Stride<BM, _1, Int<kBlockM * kHeadDim>>{})));        // (d, m, stage)
@@ -82,18 +102,18 @@ struct BwdConfig {
       SmemLayoutP{}, make_layout(Shape<BN, BM, ST>{}, Stride<BM, _1, Int<kBlockM * kBlockN>>{})));         // (n, m, stage)
   using SmemLayoutPChunk = decltype(tile_to_shape(GMMA::Layout_K_SW64_Atom<Element>{}, Shape<BM, CK>{}));  // TMA box
 
-  // S = Q Kᵀ over the first kLive chunks (one warpgroup, N = 32 kLive).
-  template <int kLive>
+  // S = Q Kᵀ of one chunk (N = 32); a consumer's S is two of them, its (BM, HF) accumulator in MmaSHalf's
+  // layout (the first chunk's values first).
   using MmaS = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<BM, Int<kChunk * kLive>, HD>, GMMA::Major::K,
-                           GMMA::Major::K>()));
-  using MmaSPair = MmaS<2>;
-  // dQ = dS K: dS from registers, K from shared memory (D-contiguous: MN-major B).
+      GMMA::ss_op_selector<Element, Element, float, Shape<BM, CK, HD>, GMMA::Major::K, GMMA::Major::K>()));
+  using MmaSHalf = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<BM, HF, HD>, GMMA::Major::K, GMMA::Major::K>()));
+  // dQ = dS K for a consumer's half of D: dS (K-major) and K (D-contiguous: MN-major) from shared memory.
   using MmadQ = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, Shape<BM, HD, CK>, GMMA::Major::K, GMMA::Major::MN>()));
-  // dK += dSᵀ Q: M = the CTA's keys (two wgmma of 64), both operands MN-major views of shared memory.
+      GMMA::ss_op_selector<Element, Element, float, Shape<BM, HF, CK>, GMMA::Major::K, GMMA::Major::MN>()));
+  // dK += dSᵀ Q over a consumer's 64 keys: both operands MN-major views of shared memory.
   using MmadK = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<_64, HD, BM>, GMMA::Major::MN, GMMA::Major::MN>()));
+      GMMA::ss_op_selector<Element, Element, float, Shape<HF, HD, BM>, GMMA::Major::MN, GMMA::Major::MN>()));
 
   using TmaQ = TmaLoad<Element, HD, decltype(SmemLayoutQ{}(_, _, 0))>;
   using TmaK = TmaLoad<Element, HD, SmemLayoutKChunk>;
@@ -113,18 +133,17 @@ struct BwdConfig {
     alignas(1024) cute::array<Element, cosize_v<SmemLayoutP>> dp;  // dS overwrites dP once it is read
     alignas(1024) cute::array<Element, kSavedP ? cosize_v<SmemLayoutP> : 1> p;
     alignas(1024) cute::array<Element, cosize_v<SmemLayoutK>> k;
-    // Row statistics pushed by every CTA of the cluster: (max·log2e, Σ 2^(S' − max), Σ 2^(S' − max)·dP, 0)
-    // per row, per softmax warpgroup, per sender.
-    alignas(16) float4 stats[kSoftmaxWarpgroups][kMaxCluster][kBlockM];
-    // dQ pieces pushed to this CTA, per softmax warpgroup: slot (sender, owned piece) in fragment order.
-    alignas(16) float4 dq[kSoftmaxWarpgroups][kPieces][kPieceVectors][kWarpgroupThreads];
+    // Row statistics pushed by every consumer of the cluster, slot 2 · rank + w: (max·log2e, Σ 2^(S' − max),
+    // Σ 2^(S' − max)·dP, 0) per row.
+    alignas(16) float4 stats[kBuffers][kConsumers * kMaxCluster][kBlockM];
+    // dQ pieces pushed to this CTA: slot (sender, owned piece) in the sender's fragment order.
+    alignas(16) float4 dq[kBuffers][kPieces][kPieceVectors][kWarpgroupThreads];
     typename StagePipeline::SharedStorage stage_pipe;
     typename KPipeline::SharedStorage k_pipe;
-    alignas(8) uint64_t ds_full[kStages];  // dS of the stage written (softmax → dK warpgroup)
-    alignas(8) uint64_t stats_full[kSoftmaxWarpgroups];
-    alignas(8) uint64_t stats_empty[kSoftmaxWarpgroups];
-    alignas(8) uint64_t dq_full[kSoftmaxWarpgroups];
-    alignas(8) uint64_t dq_empty[kSoftmaxWarpgroups];
+    alignas(8) uint64_t stats_full[kBuffers];
+    alignas(8) uint64_t stats_empty[kBuffers];
+    alignas(8) uint64_t dq_full[kBuffers];
+    alignas(8) uint64_t dq_empty[kBuffers];
   };
   static constexpr int kSmemBytes = int(sizeof(Storage));
   static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
@@ -136,12 +155,16 @@ struct BwdConfig {
     TmaP p;  // saved-P only (a copy of dp otherwise, never used)
   };
 
+  // Statistics bytes each CTA receives per step: a row block's partials from every consumer of the cluster.
+  static constexpr uint32_t kStatsPushBytes = kConsumers * kBlockM * sizeof(float4);  // times C
   // dQ bytes each CTA receives per step: every piece it owns from every CTA (its own included).
   static constexpr uint32_t kDqPushBytes = kPieces * kPieceVectors * kWarpgroupThreads * sizeof(float4);
 
   struct Params {
     Problem prob;
     Loads tma;
+    bool dq_pairs;    // dQ's rows take 4-byte stores of two values (aligned pointer and strides)
+    bool dk_pairs;    // dK's likewise
     int cluster;      // C, CTAs per cluster: 1, 2, 4 or 8
     int64_t work;     // work items: (batch, key head) pairs × repeat
     int64_t heads;    // (batch, key head) pairs
@@ -162,28 +185,37 @@ CUTE_DEVICE typename Pipeline::PipelineState state_of(int64_t g) {
   return {int(g % kStages), uint32_t((g / kStages) & 1), 0};
 }
 
-// Rows of dQ of one step (query head h, rows from m0): four accumulator values e … e + 3 of a thread, the
-// coordinates from the dQ product's partition `coord` ((m, d) per value): e, e + 1 one row's adjacent columns,
-// e + 2, e + 3 the row 8 below's. Scaled, rounded, stored; rows past Sq are not.
+// Where a thread's wgmma accumulator values sit in a 64 × N tile: value e of thread t at row
+// 16 ⌊t / 32⌋ + ⌊(t mod 32) / 4⌋ + 8 ⌊e / 2⌋ mod 2, column 8 ⌊e / 4⌋ + 2 (t mod 4) + e mod 2 (the layout of
+// every SM90 wgmma accumulator). A float4 of values e … e + 3 (e a multiple of 4) is two rows 8 apart, the
+// same two adjacent columns.
+struct AccCoord {
+  static CUTE_HOST_DEVICE int row(int t) { return 16 * (t / 32) + (t % 32) / 4; }
+  static CUTE_HOST_DEVICE int col(int t, int e) { return 8 * (e / 4) + 2 * (t % 4); }
+};
+
+// Rows of dQ of one step (query head h, rows from m0, head dimensions from d0): the float4 of accumulator
+// values e … e + 3 of thread t of a dQ product, scaled, rounded and stored; rows past Sq are not.
 template <class Cfg>
 struct DqRows {
   using Element = typename Cfg::Element;
-  const Problem& prob;
   Element* rows;
-  int64_t m_end;  // rows of the step below Sq
+  int64_t stride;  // between rows
+  int64_t m_end;   // rows of the step below Sq
+  float scale;
   bool vector;
 
-  CUTE_DEVICE DqRows(const Problem& p, int64_t b, int64_t h, int64_t m0)
-      : prob(p),
-        rows(static_cast<Element*>(p.dq.ptr) + p.dq.offset(b, h, m0, 0)),
-        m_end(p.Sq - m0),
-        vector(aligned_rows<Element>(p.dq, 2)) {}
+  CUTE_DEVICE DqRows(const typename Cfg::Params& params, int64_t b, int64_t h, int64_t m0, int d0)
+      : rows(static_cast<Element*>(params.prob.dq.ptr) + params.prob.dq.offset(b, h, m0, d0)),
+        stride(params.prob.dq.sr),
+        m_end(params.prob.Sq - m0),
+        scale(params.prob.scale),
+        vector(params.dq_pairs) {}
 
-  template <class Coord>
-  CUTE_DEVICE void store(const Coord& coord, int e, float4 v) const {
-    const int r0 = get<0>(coord(e)), r1 = get<0>(coord(e + 2)), d = get<1>(coord(e));
-    if (r0 < m_end) store_scaled(rows + r0 * prob.dq.sr + d, v.x, v.y, prob.scale, vector);
-    if (r1 < m_end) store_scaled(rows + r1 * prob.dq.sr + d, v.z, v.w, prob.scale, vector);
+  CUTE_DEVICE void store(int t, int e, float4 v) const {
+    const int r = AccCoord::row(t), d = AccCoord::col(t, e);
+    if (r < m_end) store_scaled(rows + r * stride + d, v.x, v.y, scale, vector);
+    if (r + 8 < m_end) store_scaled(rows + (r + 8) * stride + d, v.z, v.w, scale, vector);
   }
 };
 

@@ -1,15 +1,15 @@
-// The single-pass backward kernel: roles by warpgroup (producer, two softmax, dK) with setmaxnreg, the stage
-// and K pipelines (CUTLASS PipelineTmaAsync, released across the cluster), the exchange barriers, and the
-// cluster synchronisations that bracket every access to another CTA's shared memory.
+// The single-pass backward kernel: roles by warpgroup (producer and dQ reducers, two consumers) with
+// setmaxnreg, the stage and K pipelines (CUTLASS PipelineTmaAsync, released across the cluster), the exchange
+// barriers, and the cluster synchronisations that bracket every access to another CTA's shared memory.
 #pragma once
 
 #include <cute/arch/cluster_sm90.hpp>
 #include <cutlass/arch/reg_reconfig.h>
 
 #include "cuda/sm90/bwd_config.h"
-#include "cuda/sm90/bwd_dk.cuh"
+#include "cuda/sm90/bwd_epilogue.cuh"
+#include "cuda/sm90/bwd_mainloop.cuh"
 #include "cuda/sm90/bwd_producer.cuh"
-#include "cuda/sm90/bwd_softmax.cuh"
 
 namespace qksoftmax::cuda::sm90 {
 
@@ -23,7 +23,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(CUTE_GRID_CONSTAN
   const int warpgroup = cutlass::canonical_warp_group_idx();
   const int cluster = params.cluster;
   const ChunkMask<Cfg::kChunk, Cfg::kChunks, Cfg::kBlockM> mask{params.prob.keys(), cluster,
-                                                                  int(cute::block_rank_in_cluster())};
+                                                                  int(cute::block_rank_in_cluster()),
+                                                                  __ffs(cluster) - 1};
   const auto cluster_shape = make_shape(cluster, 1, 1);
   const bool leader = threadIdx.x == 0;  // the producer's thread
 
@@ -31,24 +32,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(CUTE_GRID_CONSTAN
   stage_params.transaction_bytes = Cfg::kQBytes;  // a live chunk's dP (and P) bytes are added per step
   stage_params.role = warpgroup == 0 ? StagePipeline::ThreadCategory::Producer : StagePipeline::ThreadCategory::Consumer;
   stage_params.is_leader = leader;
-  stage_params.num_consumers = Cfg::kWarpgroupThreads;  // the dK warpgroup releases the stages
+  stage_params.num_consumers = Cfg::kConsumerThreads;
   StagePipeline stage_pipe(st.stage_pipe, stage_params, cluster_shape);
 
   typename KPipeline::Params k_params;
   k_params.transaction_bytes = Cfg::kKBytes;
   k_params.role = warpgroup == 0 ? KPipeline::ThreadCategory::Producer : KPipeline::ThreadCategory::Consumer;
   k_params.is_leader = leader;
-  k_params.num_consumers = Cfg::kWarpgroupThreads * Cfg::kSoftmaxWarpgroups;  // the softmax warpgroups
+  k_params.num_consumers = Cfg::kConsumerThreads;
   KPipeline k_pipe(st.k_pipe, k_params, cluster_shape);
 
   if (leader) {
-    constexpr int kWarps = Cfg::kWarpsPerWarpgroup;
-    for (int s = 0; s < Cfg::kStages; ++s) Cfg::Barrier::init(&st.ds_full[s], Cfg::kWarpgroupThreads);
-    for (int w = 0; w < Cfg::kSoftmaxWarpgroups; ++w) {
-      Cfg::TxBarrier::init(&st.stats_full[w], 1);
-      Cfg::Barrier::init(&st.stats_empty[w], kWarps * cluster);  // each warp of each receiver
-      Cfg::TxBarrier::init(&st.dq_full[w], 1);
-      Cfg::Barrier::init(&st.dq_empty[w], kWarps * cluster);  // each warp of each owner's dK warpgroup
+    for (int b = 0; b < Cfg::kBuffers; ++b) {
+      Cfg::TxBarrier::init(&st.stats_full[b], 1);
+      Cfg::Barrier::init(&st.stats_empty[b], Cfg::kConsumers * Cfg::kWarpsPerWarpgroup * cluster);  // each consumer warp of each CTA
+      Cfg::TxBarrier::init(&st.dq_full[b], 1);
+      Cfg::Barrier::init(&st.dq_empty[b], Cfg::kReducerWarps * cluster);  // each reducer warp of each owner
     }
     cutlass::arch::fence_barrier_init();
   }
@@ -57,13 +56,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(CUTE_GRID_CONSTAN
 
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
-    if (leader) BwdProducer<Cfg>{params, st}.run(stage_pipe, k_pipe, mask);
-  } else if (warpgroup <= Cfg::kSoftmaxWarpgroups) {
-    cutlass::arch::warpgroup_reg_alloc<Cfg::kSoftmaxRegs>();
-    BwdSoftmax<Cfg>{params, st, warpgroup - 1}.run(stage_pipe, k_pipe, mask);
+    const int warp = cutlass::canonical_warp_idx_sync();
+    if (leader) {
+      BwdProducer<Cfg>{params, st}.run(stage_pipe, k_pipe, mask);
+    } else if (warp > 0 && cluster > 1) {
+      BwdDqReducer<Cfg>{params, st}.run(int(threadIdx.x) - 32);
+    }
   } else {
-    cutlass::arch::warpgroup_reg_alloc<Cfg::kDkRegs>();
-    BwdDk<Cfg>{params, st}.run(stage_pipe, mask);
+    cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
+    BwdMainloop<Cfg>{params, st, warpgroup - 1}.run(stage_pipe, k_pipe, mask);
   }
   // No CTA leaves while another may still push into its shared memory or arrive on its barriers.
   __syncwarp();

@@ -27,6 +27,14 @@ bool bwd_can_implement(const Problem& prob) {
          row_blocks * prob.group() <= INT_MAX;
 }
 
+// Whether every row start of an output is aligned for a 4-byte store of two 16-bit values.
+template <class Element>
+bool pairs(const Operand& op) {
+  constexpr int64_t kPair = 2;
+  return reinterpret_cast<uintptr_t>(op.ptr) % (kPair * sizeof(Element)) == 0 && op.sr % kPair == 0 &&
+         op.sh % kPair == 0 && op.sb % kPair == 0;
+}
+
 template <class Cfg>
 typename Cfg::Loads bwd_loads(const Problem& prob) {
   const auto [q, k, dp, p] = backward_views<typename Cfg::Element, typename Cfg::HD>(prob);
@@ -80,7 +88,9 @@ Status run_sm90_bwd(const Problem& prob, CUstream_st* stream, int64_t repeat) {
   constexpr const char* kName = "sm90 backward";
   const int cluster = Cfg::cluster_for(prob.Sk);
   const int64_t heads = prob.B * prob.Hk;
-  const typename Cfg::Params params{prob, sm90::bwd_loads<Cfg>(prob), cluster, heads * repeat, heads};
+  const typename Cfg::Params params{prob,          sm90::bwd_loads<Cfg>(prob), sm90::pairs<typename Cfg::Element>(prob.dq),
+                                    sm90::pairs<typename Cfg::Element>(prob.dk), cluster,
+                                    heads * repeat,  heads};
   if (Status s = take_tma_failure(kName); !s.ok()) return s;  // nothing launched on a descriptor that failed
   Status status;
   const int resident = sm90::resident_clusters<Cfg>(cluster, &status);

@@ -1,7 +1,7 @@
 // The producer of the single-pass backward: one thread issues every TMA load of its CTA. Per work item the
-// CTA's four K chunks (K pipeline, one stage, freed by the softmax warpgroups after their last dQ product);
-// per step the Q tile and the live chunks of dP (and P) into the next stage of the stage pipeline (freed by
-// the dK warpgroup after its dSᵀ Q product).
+// CTA's four K chunks (K pipeline, one stage, freed by the consumers after their last dQ product); per step
+// the Q tile and the live chunks of dP (and P) into the next stage of the stage pipeline (freed by the
+// consumers once their dQ and dK products of the step are done). Chunk u goes to position Cfg::pos(u).
 #pragma once
 
 #include "cuda/sm90/bwd_config.h"
@@ -47,7 +47,7 @@ struct BwdProducer {
       for (int u = 0; u < Cfg::kChunks; ++u) {  // keys past Sk arrive as zeros
         Tensor gK = local_tile(mK(_, _, item.kv_head, item.b), Shape<CK, HD>{},
                                make_coord(int(mask.key0(u) / Cfg::kChunk), 0));  // (CK, D)
-        Tensor sKu = local_tile(sK, Shape<CK, HD>{}, make_coord(u, 0));           // (CK, D)
+        Tensor sKu = local_tile(sK, Shape<CK, HD>{}, make_coord(Cfg::pos(u), 0));         // (CK, D)
         auto [tKg, tKs] = tma_partition(tma.k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sKu), group_modes<0, 2>(gK));
         copy(tma.k.with(*k_pipe.producer_get_barrier(k_state)), tKg, tKs);
       }
@@ -69,12 +69,12 @@ struct BwdProducer {
         for (int u = 0; u < live; ++u) {
           const int nb = int(mask.key0(u) / Cfg::kChunk);
           Tensor gdP = local_tile(mdP(_, _, h, item.b), Shape<BM, CK>{}, make_coord(mb, nb));   // (BM, CK)
-          Tensor sdPu = local_tile(sdP(_, _, stage), Shape<BM, CK>{}, make_coord(0, u));      // (BM, CK)
+          Tensor sdPu = local_tile(sdP(_, _, stage), Shape<BM, CK>{}, make_coord(0, Cfg::pos(u)));  // (BM, CK)
           auto [tPg, tPs] = tma_partition(tma.dp, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdPu), group_modes<0, 2>(gdP));
           copy(tma.dp.with(*full), tPg, tPs);
           if constexpr (Cfg::kSavedP) {
             Tensor gP = local_tile(mP(_, _, h, item.b), Shape<BM, CK>{}, make_coord(mb, nb));  // (BM, CK)
-            Tensor sPu = local_tile(sP(_, _, stage), Shape<BM, CK>{}, make_coord(0, u));     // (BM, CK)
+            Tensor sPu = local_tile(sP(_, _, stage), Shape<BM, CK>{}, make_coord(0, Cfg::pos(u)));  // (BM, CK)
             auto [tPg2, tPs2] = tma_partition(tma.p, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sPu), group_modes<0, 2>(gP));
             copy(tma.p.with(*full), tPg2, tPs2);
           }

@@ -20,6 +20,7 @@ struct ChunkMask {
   KeyRange keys;
   int cluster;
   int rank;
+  int log2_cluster;
 
   // The first key of chunk u (keys of a cluster are below 2^31).
   CUTE_HOST_DEVICE int key0(int u) const { return kChunk * (u * cluster + rank); }
@@ -32,7 +33,7 @@ struct ChunkMask {
     const int64_t last = (m0 + kBlockM < keys.Sq ? m0 + kBlockM : keys.Sq) - 1;
     const int seen = (row_end(last) + kChunk - 1) / kChunk;  // cluster-wide chunks with a seen key
     if (seen <= rank) return 0;
-    const int mine = (seen - rank + cluster - 1) / cluster;
+    const int mine = (seen - rank + cluster - 1) >> log2_cluster;
     return mine < kChunks ? mine : kChunks;
   }
   // Whether a row of the block from row m0 misses a key of chunk u (the block's first row sees the fewest).

@@ -39,47 +39,54 @@ from ._core import (
 from ._core import backward as run_backward
 from ._core import forward as run_forward
 from . import _C
-from ._frames import NO_STREAM, NO_WORKSPACE, Frame, Runner, TorchFrame, aligned_address
+from ._frames import NO_STREAM, NO_WORKSPACE, Frame, Runner, TorchFrame
 
 FORWARD_OP = "qksoftmax::forward"
 BACKWARD_RECOMPUTE_OP = "qksoftmax::backward_recompute"
 BACKWARD_SAVED_P_OP = "qksoftmax::backward_saved_p"
 
-# The raw cudaStream_t of a device's current stream, without making a torch.cuda.Stream (inductor's own
-# generated code calls the same function).
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+# current_stream(device_index): the raw cudaStream_t of a device's current stream, without making a
+# torch.cuda.Stream (inductor's own generated code calls the same function), where this torch has it.
+current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+if current_stream is None:
+
+    def current_stream(device_index: int) -> int:
+        return torch.cuda.current_stream(device_index).cuda_stream
 
 
-def current_stream(device_index: int) -> int:
-    if _raw_stream is not None:
-        return _raw_stream(device_index)
-    return torch.cuda.current_stream(device_index).cuda_stream
+_empty = torch.empty
+_UINT8 = torch.uint8
+_ALIGNMENT = _C.WORKSPACE_ALIGNMENT
+
+
+def launch(plan: Any, q: Tensor) -> None:
+    """Runs a plan whose tensors are on q's device. On CUDA: the workspace from the caching allocator and the
+    launch on the current stream of q's device (the plan's), whatever device is current; the workspace is freed
+    once launched (stream-ordered reuse). The CPU backend needs no workspace."""
+    if not q.is_cuda:
+        plan.run(NO_WORKSPACE, NO_WORKSPACE, NO_STREAM)
+        return
+    nbytes = plan.workspace_bytes
+    address = NO_WORKSPACE
+    if nbytes:
+        workspace = _empty(nbytes + _ALIGNMENT - 1, dtype=_UINT8, device=q.device)
+        address = workspace.data_ptr()
+        address += -address % _ALIGNMENT
+    plan.run(address, nbytes, current_stream(plan.device_index))
 
 
 class TorchRunner(Runner):
     float32 = torch.float32
 
     def prepare(self, x: Tensor) -> Tensor:
-        # On CUDA the C++ API needs the last dimension dense; the CPU backend takes any strides.
-        if x.is_cuda and x.dim() > 0 and x.stride(-1) != 1 and x.size(-1) > 1:
-            return x.detach().contiguous()
+        # qksoftmax._C copies a CUDA input whose last dimension is not dense (the CPU backend takes any strides).
         return x
 
     def empty(self, q: Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
         return q.new_empty(shape, dtype=dtype)
 
     def launch(self, plan: Any, q: Tensor) -> None:
-        """On CUDA: the workspace from the caching allocator and the launch on the current stream of q's device
-        (the plan's), whatever device is current; the workspace is freed once launched (stream-ordered reuse)."""
-        nbytes = plan.workspace_bytes
-        if not q.is_cuda:
-            plan.run(NO_WORKSPACE, nbytes, NO_STREAM)  # the CPU backend needs none: nbytes is 0
-            return
-        address = NO_WORKSPACE
-        if nbytes:
-            workspace = torch.empty(nbytes + _C.WORKSPACE_ALIGNMENT - 1, dtype=torch.uint8, device=q.device)
-            address = aligned_address(workspace.data_ptr())
-        plan.run(address, nbytes, current_stream(plan.device_index))
+        launch(plan, q)
 
     def frame(self, where: str, q: Any) -> Frame:
         return TorchFrame(where, q)

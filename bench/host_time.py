@@ -7,10 +7,10 @@ The shape is tiny (B = H = 1, S = 128, D = 128, bf16 on CUDA): its kernels take 
 spends per call, so calls back to back without synchronising measure the host. Each line is the median over
 `repeats` rounds of `calls` calls (host µs per call); the rounds run layer after layer, in turns, so that a
 drift of the machine spreads over every layer. Layers from the bottom: the C++ calls (qksoftmax._C: a plan,
-its run), the Python layer (_core.forward / backward: allocation, plan, workspace, run), the custom ops
-(torch.ops.qksoftmax), the public functions, attention_probs forward + autograd.grad on the eager fast path and
-through the ops; then PyTorch's reference ops. --json writes the figures as a results file
-(bench/results/h200-host.json).
+its run), the eager fast path's Python layer (_ops.eager_forward / eager_backward: allocation, plan, workspace,
+run), the custom ops (torch.ops.qksoftmax), the public functions, attention_probs forward + autograd.grad on the
+eager fast path and through the ops, and its forward where autograd records nothing; then PyTorch's reference
+ops. --json writes the figures as a results file (bench/results/h200-host.json).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 
 import qksoftmax
-from qksoftmax import _C, _core, _frames, _ops
+from qksoftmax import _C, _frames, _ops
 from results_file import write_results
 
 SHAPE = (1, 1, 128, 128)  # (B, H, S, D)
@@ -57,7 +57,6 @@ def layers(device: str) -> tuple[dict[str, Callable[[], object]], dict[str, Call
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     qg, kg = q.clone().requires_grad_(True), k.clone().requires_grad_(True)
     mask = torch.ones(S, S, dtype=torch.bool, device=device).triu(1)
-    runner = _ops.TORCH
     stream = _ops.current_stream(q.device.index) if device == "cuda" else 0
     forward_plan = _C.plan_forward(q, k, p, lse, None, True)
     backward_plan = _C.plan_backward(q, k, dp, None, lse, dq, dk, None, True)
@@ -79,8 +78,8 @@ def layers(device: str) -> tuple[dict[str, Callable[[], object]], dict[str, Call
         "Plan.run (forward)": lambda: forward_plan.run(0, 0, stream),
         "_C.plan_backward (recompute, lse)": lambda: _C.plan_backward(q, k, dp, None, lse, dq, dk, None, True),
         "Plan.run (backward)": lambda: backward_plan.run(workspace_address, backward_plan.workspace_bytes, stream),
-        "_core.forward": lambda: _core.forward(runner, "x", q, k, None, True),
-        "_core.backward (recompute, lse)": lambda: _core.backward(runner, "x", q, k, dp, None, lse, None, True),
+        "_ops.eager_forward": lambda: _ops.eager_forward("x", q, k, None, True),
+        "_ops.eager_backward (recompute, lse)": lambda: _ops.eager_backward("x", q, k, dp, None, lse, None, True),
         "torch.ops.qksoftmax.forward": lambda: torch.ops.qksoftmax.forward(q, k, None, True, "lse"),
         "torch.ops.qksoftmax.backward_recompute": lambda: torch.ops.qksoftmax.backward_recompute(
             q, k, dp, lse, None, True),
@@ -90,6 +89,7 @@ def layers(device: str) -> tuple[dict[str, Callable[[], object]], dict[str, Call
         "qksoftmax.backward (saved_p)": lambda: qksoftmax.backward(q, k, dp, p=p),
         "attention_probs fwd+bwd (eager fast path)": lambda: grad(qksoftmax.attention_probs(qg, kg)),
         "attention_probs fwd+bwd (through the ops)": through_ops,
+        "attention_probs fwd (nothing recorded)": lambda: qksoftmax.attention_probs(q, k),
     }
     reference = {
         "torch: one matmul": lambda: q @ k.transpose(-1, -2),

@@ -14,19 +14,23 @@ torch.compile traces a call.
 
 The public functions (bottom) call the ops whenever anything may need to see them: torch.compile, fake or
 other tensor subclasses, dispatch and torch-function modes, functorch transforms. A plain eager call goes
-to the same C++ API directly (and attention_probs through an autograd.Function doing what the forward op
-and its registered backward do): the ops' dispatch and autograd wrappers cost more host time than the
-kernels of a small call (docs/PYTORCH.md, "Host time").
+to the same C++ API directly (eager_forward / eager_backward; attention_probs through an autograd.Function
+doing what the forward op and its registered backward do, or, where no graph is recorded, eager_forward
+alone): the ops' dispatch and autograd wrappers cost more host time than the kernels of a small call
+(docs/PYTORCH.md, "The eager fast path").
 """
 
 from typing import Any, Optional  # no PEP 563 here: torch infers the op schemas from these annotations
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 from torch import Tensor
 
+from . import _C, _core
 from ._core import (
     ATTENTION_PROBS,
     BACKWARD,
+    CALL_ERRORS,
     DEFAULT_SAVE,
     FORWARD,
     SAVE_LSE,
@@ -38,48 +42,54 @@ from ._core import (
 )
 from ._core import backward as run_backward
 from ._core import forward as run_forward
-from . import _C
-from ._frames import NO_STREAM, NO_WORKSPACE, Frame, Runner, TorchFrame, aligned_address
+from ._frames import NO_STREAM, NO_WORKSPACE, Frame, Runner, TorchFrame
 
 FORWARD_OP = "qksoftmax::forward"
 BACKWARD_RECOMPUTE_OP = "qksoftmax::backward_recompute"
 BACKWARD_SAVED_P_OP = "qksoftmax::backward_saved_p"
 
-# The raw cudaStream_t of a device's current stream, without making a torch.cuda.Stream (inductor's own
-# generated code calls the same function).
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+# current_stream(device_index): the raw cudaStream_t of a device's current stream, without making a
+# torch.cuda.Stream (inductor's own generated code calls the same function), where this torch has it.
+current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+if current_stream is None:
+
+    def current_stream(device_index: int) -> int:
+        return torch.cuda.current_stream(device_index).cuda_stream
 
 
-def current_stream(device_index: int) -> int:
-    if _raw_stream is not None:
-        return _raw_stream(device_index)
-    return torch.cuda.current_stream(device_index).cuda_stream
+_empty = torch.empty
+_UINT8 = torch.uint8
+_ALIGNMENT = _C.WORKSPACE_ALIGNMENT
+
+
+def launch(plan: Any, q: Tensor) -> None:
+    """Runs a plan whose tensors are on q's device. On CUDA: the workspace from the caching allocator and the
+    launch on the current stream of q's device (the plan's), whatever device is current; the workspace is freed
+    once launched (stream-ordered reuse). The CPU backend needs no workspace."""
+    if not q.is_cuda:
+        plan.run(NO_WORKSPACE, NO_WORKSPACE, NO_STREAM)
+        return
+    nbytes = plan.workspace_bytes
+    address = NO_WORKSPACE
+    if nbytes:
+        workspace = _empty(nbytes + _ALIGNMENT - 1, dtype=_UINT8, device=q.device)
+        address = workspace.data_ptr()
+        address += -address % _ALIGNMENT
+    plan.run(address, nbytes, current_stream(plan.device_index))
 
 
 class TorchRunner(Runner):
     float32 = torch.float32
 
     def prepare(self, x: Tensor) -> Tensor:
-        # On CUDA the C++ API needs the last dimension dense; the CPU backend takes any strides.
-        if x.is_cuda and x.dim() > 0 and x.stride(-1) != 1 and x.size(-1) > 1:
-            return x.detach().contiguous()
+        # qksoftmax._C copies a CUDA input whose last dimension is not dense (the CPU backend takes any strides).
         return x
 
     def empty(self, q: Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
         return q.new_empty(shape, dtype=dtype)
 
     def launch(self, plan: Any, q: Tensor) -> None:
-        """On CUDA: the workspace from the caching allocator and the launch on the current stream of q's device
-        (the plan's), whatever device is current; the workspace is freed once launched (stream-ordered reuse)."""
-        nbytes = plan.workspace_bytes
-        if not q.is_cuda:
-            plan.run(NO_WORKSPACE, nbytes, NO_STREAM)  # the CPU backend needs none: nbytes is 0
-            return
-        address = NO_WORKSPACE
-        if nbytes:
-            workspace = torch.empty(nbytes + _C.WORKSPACE_ALIGNMENT - 1, dtype=torch.uint8, device=q.device)
-            address = aligned_address(workspace.data_ptr())
-        plan.run(address, nbytes, current_stream(plan.device_index))
+        launch(plan, q)
 
     def frame(self, where: str, q: Any) -> Frame:
         return TorchFrame(where, q)
@@ -193,6 +203,10 @@ backward_saved_p_op.register_autograd(_no_second_derivative)
 # The eager fast path.
 
 _PLAIN_TYPES = (Tensor, torch.nn.Parameter)
+_FLOAT32 = torch.float32
+_plan_forward = _C.plan_forward
+_plan_backward = _C.plan_backward
+_grad_enabled = torch.is_grad_enabled
 
 
 try:
@@ -220,24 +234,78 @@ def plain_eager(*tensors: Optional[Tensor]) -> bool:
     return not _modes_active()
 
 
+def eager_forward(where: str, q: Tensor, k: Tensor, scale: Optional[float], causal: bool) -> tuple[Tensor, Tensor]:
+    """What _core.forward does with TORCH, without its indirections: the two outputs (each one torch.empty of
+    sizes given as ints, the cheapest form), one plan, its run. A refusal is explained by the checks."""
+    try:
+        shape = q.shape
+        device = q.device
+        p = _empty(shape[0], shape[1], shape[2], k.shape[2], dtype=q.dtype, device=device)
+        lse = _empty(shape[0], shape[1], shape[2], dtype=_FLOAT32, device=device)
+        launch(_plan_forward(q, k, p, lse, scale, causal), q)
+    except CALL_ERRORS:
+        _core.check_forward(TorchFrame(where, q), q, k)
+        raise
+    return p, lse
+
+
+def eager_backward(
+    where: str,
+    q: Tensor,
+    k: Tensor,
+    dp: Tensor,
+    p: Optional[Tensor],
+    lse: Optional[Tensor],
+    scale: Optional[float],
+    causal: bool,
+) -> tuple[Tensor, Tensor]:
+    """What _core.backward does with TORCH, as eager_forward does _core.forward's."""
+    try:
+        dtype = q.dtype
+        device = q.device
+        dq = _empty(*q.shape, dtype=dtype, device=device)
+        dk = _empty(*k.shape, dtype=dtype, device=device)
+        launch(_plan_backward(q, k, dp, p, lse, dq, dk, scale, causal), q)
+    except CALL_ERRORS:
+        _core.check_backward(TorchFrame(where, q), q, k, dp, p, lse)
+        raise
+    return dq, dk
+
+
+if hasattr(_forward_ad, "_current_level"):  # -1 outside torch.autograd.forward_ad.dual_level()
+
+    def _records_graph(q: Tensor, k: Tensor) -> bool:
+        """Whether autograd would record attention_probs: grad mode with an input that requires grad, or a
+        forward-mode AD level open (the autograd.Function refuses dual tensors, as the op does)."""
+        return (_grad_enabled() and (q.requires_grad or k.requires_grad)) or _forward_ad._current_level >= 0
+
+else:  # this torch cannot tell: the autograd.Function is always right
+
+    def _records_graph(q: Tensor, k: Tensor) -> bool:
+        return True
+
+
 class _AttentionProbs(torch.autograd.Function):
     """attention_probs on plain eager tensors: the forward op and its registered backward without the
     dispatcher (same saved tensors, same C++ calls, same results)."""
 
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, scale: Optional[float], causal: bool, save: str) -> Tensor:
-        p, lse = run_forward(TORCH, ATTENTION_PROBS, q, k, scale, causal)
+        p, lse = eager_forward(ATTENTION_PROBS, q, k, scale, causal)
         ctx.save_for_backward(q, k, p if save == SAVE_P else lse)
         ctx.scale, ctx.causal, ctx.save = scale, causal, save
         return p
 
     @staticmethod
     def backward(ctx: Any, dp: Tensor) -> tuple[Optional[Tensor], ...]:
-        if torch.is_grad_enabled():  # create_graph: the ops' node refuses a second backward instead of a silent 0
+        if _grad_enabled():  # create_graph: the ops' node refuses a second backward instead of a silent 0
             return _backward(ctx, dp, None)
         q, k, kept = ctx.saved_tensors
-        p, lse = (kept, None) if ctx.save == SAVE_P else (None, kept)  # run_backward picks the mode from p
-        return (*run_backward(TORCH, ATTENTION_PROBS, q, k, dp, p, lse, ctx.scale, ctx.causal), None, None, None)
+        if ctx.save == SAVE_P:
+            dq, dk = eager_backward(ATTENTION_PROBS, q, k, dp, kept, None, ctx.scale, ctx.causal)
+        else:
+            dq, dk = eager_backward(ATTENTION_PROBS, q, k, dp, None, kept, ctx.scale, ctx.causal)
+        return dq, dk, None, None, None
 
 
 # The public functions on torch tensors. In eager mode scale and causal are checked first (the C++ binding
@@ -250,7 +318,7 @@ def forward(q: Tensor, k: Tensor, scale: object, causal: object) -> tuple[Tensor
     if not torch.compiler.is_compiling():
         scale, causal = check_options(FORWARD, scale, causal)
         if plain_eager(q, k):
-            return run_forward(TORCH, FORWARD, q, k, scale, causal)
+            return eager_forward(FORWARD, q, k, scale, causal)
         check_forward(TorchFrame(FORWARD, q), q, k)
     return torch.ops.qksoftmax.forward(q.detach(), k.detach(), scale, causal, DEFAULT_SAVE)
 
@@ -261,7 +329,7 @@ def backward(
     if not torch.compiler.is_compiling():
         scale, causal = check_options(BACKWARD, scale, causal)
         if plain_eager(q, k, dp, p, lse):
-            return run_backward(TORCH, BACKWARD, q, k, dp, p, lse, scale, causal)
+            return eager_backward(BACKWARD, q, k, dp, p, lse, scale, causal)
         check_backward(TorchFrame(BACKWARD, q), q, k, dp, p, lse)
     q, k, dp, p, lse = (None if x is None else x.detach() for x in (q, k, dp, p, lse))
     if p is None:
@@ -274,7 +342,9 @@ def attention_probs(q: Tensor, k: Tensor, scale: object, causal: object, save: o
     if not torch.compiler.is_compiling():
         scale, causal = check_options(ATTENTION_PROBS, scale, causal)
         if plain_eager(q, k):
-            return _AttentionProbs.apply(q, k, scale, causal, save)
+            if _records_graph(q, k):
+                return _AttentionProbs.apply(q, k, scale, causal, save)
+            return eager_forward(ATTENTION_PROBS, q, k, scale, causal)[0]
         check_forward(TorchFrame(ATTENTION_PROBS, q), q, k)
     p, _ = torch.ops.qksoftmax.forward(q, k, scale, causal, save)
     return p

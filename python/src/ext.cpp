@@ -7,8 +7,11 @@
 //
 // Tensors: a torch.Tensor is described from its own attributes (data_ptr, shape, stride, dtype, device),
 // which costs a fraction of a DLPack export (torch's __dlpack__ is Python code) and declares the tensor's
-// CUDA device (TensorDesc::device_index), so the library asks the driver nothing about its pointer. Any other
-// array (numpy, or anything with __dlpack__) goes through nanobind's ndarray, its device as DLPack gives it.
+// CUDA device (TensorDesc::device_index), so the library asks the driver nothing about its pointer. An input on
+// a CUDA device whose last dimension is not dense (which the CUDA backend refuses) is described as its
+// contiguous copy (tensor.detach().contiguous(), on that device's current stream), which the plan keeps: the
+// strides are read here anyway, so the Python layer asks nothing of a tensor before the call. Any other array
+// (numpy, or anything with __dlpack__) goes through nanobind's ndarray, its device as DLPack gives it.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -56,7 +59,7 @@ struct Torch {
   nb::object tensor_type;
   std::array<nb::object, kDTypes> dtypes;  // torch.bfloat16, float16, float32, float64
   nb::object strided;                      // the layout of a dense tensor
-  nb::object data_ptr, shape, stride, dtype, is_cuda, is_cpu, get_device, device, layout;
+  nb::object data_ptr, shape, stride, dtype, is_cuda, is_cpu, get_device, device, layout, detach, contiguous;
 };
 
 const Torch* torch_api() {
@@ -76,7 +79,8 @@ const Torch* torch_api() {
   t.strided = torch.attr("strided");
   for (auto [field, name] : {std::pair{&t.data_ptr, "data_ptr"}, {&t.shape, "shape"}, {&t.stride, "stride"},
                              {&t.dtype, "dtype"}, {&t.is_cuda, "is_cuda"}, {&t.is_cpu, "is_cpu"},
-                             {&t.get_device, "get_device"}, {&t.device, "device"}, {&t.layout, "layout"}}) {
+                             {&t.get_device, "get_device"}, {&t.device, "device"}, {&t.layout, "layout"},
+                             {&t.detach, "detach"}, {&t.contiguous, "contiguous"}}) {
     PyObject* interned = PyUnicode_InternFromString(name);
     if (interned == nullptr) throw nb::python_error();
     *field = nb::steal(interned);
@@ -107,7 +111,11 @@ void check_rank(size_t rank, const char* name) {
   if (rank > size_t(qksoftmax::kMaxRank)) raise(PyExc_ValueError, std::string(name) + " has too many dimensions");
 }
 
-qksoftmax::TensorDesc describe_torch(const Torch& torch, nb::handle t, const char* name) {
+enum class Access : uint8_t { kRead, kWrite };
+
+// `keep` receives the object whose memory the description points into: t, or the copy made of it (at most one).
+qksoftmax::TensorDesc describe_torch(const Torch& torch, nb::handle t, const char* name, Access access,
+                                     nb::object* keep, bool copied = false) {
   qksoftmax::TensorDesc desc;
   const nb::object dtype = attribute(t, torch.dtype);
   int code = 0;
@@ -134,6 +142,13 @@ qksoftmax::TensorDesc describe_torch(const Torch& torch, nb::handle t, const cha
     desc.shape[i] = to_int64(PyTuple_GET_ITEM(shape.ptr(), Py_ssize_t(i)));
     desc.stride[i] = to_int64(PyTuple_GET_ITEM(strides.ptr(), Py_ssize_t(i)));
   }
+  const size_t last = rank - 1;
+  if (desc.device == qksoftmax::Device::kCUDA && access == Access::kRead && !copied && rank > 0 &&
+      desc.shape[last] > 1 && desc.stride[last] != 1) {
+    const nb::object copy = call_method(call_method(t, torch.detach), torch.contiguous);
+    return describe_torch(torch, copy, name, access, keep, true);
+  }
+  *keep = nb::borrow(t);
   PyObject* address = PyObject_CallMethodNoArgs(t.ptr(), torch.data_ptr.ptr());
   if (address == nullptr) {  // sparse and other layouts have no data pointer to describe
     nb::python_error error;
@@ -178,14 +193,13 @@ qksoftmax::TensorDesc describe_array(const Array& array, const char* name) {
   return desc;
 }
 
-enum class Access : uint8_t { kRead, kWrite };
-
-// The one conversion of a tensor argument (None: absent).
-qksoftmax::TensorDesc describe(nb::handle obj, const char* name, Access access) {
+// The one conversion of a tensor argument (None: absent); `keep` receives what the plan must keep alive.
+qksoftmax::TensorDesc describe(nb::handle obj, const char* name, Access access, nb::object* keep) {
+  *keep = nb::borrow(obj);
   if (obj.is_none()) return {};
   ++conversions;
   if (const Torch* torch = torch_api(); torch && PyObject_TypeCheck(obj.ptr(), (PyTypeObject*)torch->tensor_type.ptr())) {
-    return describe_torch(*torch, obj, name);
+    return describe_torch(*torch, obj, name, access, keep);
   }
   if (access == Access::kRead) {
     nb::ndarray<nb::ro> array;
@@ -214,25 +228,26 @@ struct Plan {
 };
 
 Plan plan_forward(nb::handle q, nb::handle k, nb::handle p, nb::handle lse, std::optional<double> scale, bool causal) {
-  const qksoftmax::ForwardArgs args{describe(q, "q", Access::kRead), describe(k, "k", Access::kRead),
-                                    describe(p, "p", Access::kWrite), describe(lse, "lse", Access::kWrite)};
   Plan plan;
+  auto& keep = plan.tensors;
+  const qksoftmax::ForwardArgs args{
+      describe(q, "q", Access::kRead, &keep[0]), describe(k, "k", Access::kRead, &keep[1]),
+      describe(p, "p", Access::kWrite, &keep[2]), describe(lse, "lse", Access::kWrite, &keep[3])};
   check(qksoftmax::plan_forward(args, make_options(scale, causal, qksoftmax::BackwardMode::kRecompute), &plan.plan));
-  plan.tensors = {nb::borrow(q), nb::borrow(k), nb::borrow(p), nb::borrow(lse)};
   return plan;
 }
 
 Plan plan_backward(nb::handle q, nb::handle k, nb::handle dp, nb::handle p, nb::handle lse, nb::handle dq,
                    nb::handle dk, std::optional<double> scale, bool causal) {
-  const qksoftmax::BackwardArgs args{
-      describe(q, "q", Access::kRead),    describe(k, "k", Access::kRead),     describe(dp, "dp", Access::kRead),
-      describe(p, "p", Access::kRead),    describe(lse, "lse", Access::kRead), describe(dq, "dq", Access::kWrite),
-      describe(dk, "dk", Access::kWrite)};
-  const auto mode = p.is_none() ? qksoftmax::BackwardMode::kRecompute : qksoftmax::BackwardMode::kSavedP;
   Plan plan;
+  auto& keep = plan.tensors;
+  const qksoftmax::BackwardArgs args{
+      describe(q, "q", Access::kRead, &keep[0]),     describe(k, "k", Access::kRead, &keep[1]),
+      describe(dp, "dp", Access::kRead, &keep[2]),   describe(p, "p", Access::kRead, &keep[3]),
+      describe(lse, "lse", Access::kRead, &keep[4]), describe(dq, "dq", Access::kWrite, &keep[5]),
+      describe(dk, "dk", Access::kWrite, &keep[6])};
+  const auto mode = p.is_none() ? qksoftmax::BackwardMode::kRecompute : qksoftmax::BackwardMode::kSavedP;
   check(qksoftmax::plan_backward(args, make_options(scale, causal, mode), &plan.plan));
-  plan.tensors = {nb::borrow(q),  nb::borrow(k),  nb::borrow(dp), nb::borrow(p),
-                  nb::borrow(lse), nb::borrow(dq), nb::borrow(dk)};
   return plan;
 }
 

@@ -85,6 +85,13 @@ struct Scratch {
   std::vector<double> acc;     // kRowsPerTask × D: dQ or dK of the task's rows
 };
 
+// The threads a run may use: asked once per process (std::thread::hardware_concurrency reads
+// /sys/devices/system/cpu/online on each call, a few µs of system calls per run).
+unsigned cores() {
+  static const unsigned count = std::max(1u, std::thread::hardware_concurrency());
+  return count;
+}
+
 // Runs task(t, scratch) for every t in [0, count), on the calling thread and up to scratches.size() − 1
 // more; each thread uses its own scratch.
 template <class Task>
@@ -110,7 +117,7 @@ class Runner {
   explicit Runner(const Problem& pb) : pb_(pb) {
     const bool backward = pb.pass == Pass::kBackward;
     const int64_t tasks = std::max(query_tasks(), backward ? key_tasks() : 0);
-    const int64_t threads = std::min<int64_t>(tasks, std::max(1u, std::thread::hardware_concurrency()));
+    const int64_t threads = std::min<int64_t>(tasks, cores());
     scratches_.resize(threads);
     for (Scratch& s : scratches_) {
       s.own.resize(kRowsPerTask * pb.D);

@@ -82,7 +82,8 @@ def test_a_refusal_the_checks_cannot_explain_stands():
         _C.plan_forward(q, k, q.reshape(-1)[: dp.size].reshape(dp.shape), None, None, True)
 
 
-torch_calls_params = ["forward", "backward recompute_lse", "backward saved_p", "ops forward", "attention_probs"]
+torch_calls_params = ["forward", "backward recompute_lse", "backward saved_p", "ops forward", "attention_probs",
+                      "attention_probs no grad"]
 
 
 def torch_calls(torch, device: str) -> dict[str, tuple[Callable[[], object], int, int]]:
@@ -105,6 +106,7 @@ def torch_calls(torch, device: str) -> dict[str, tuple[Callable[[], object], int
         "backward saved_p": (lambda: qksoftmax.backward(q, k, dp, p=p), 1, 6),
         "ops forward": (lambda: torch.ops.qksoftmax.forward(q, k, None, True, "lse"), 1, 4),
         "attention_probs": (attention_probs, 2, 4 + 6),
+        "attention_probs no grad": (lambda: qksoftmax.attention_probs(q, k), 1, 4),
     }
 
 

@@ -257,6 +257,39 @@ def test_fast_path_leaves_modes_to_the_ops():
 
 
 @pytest.mark.parametrize("save", SAVES)
+@pytest.mark.parametrize("why", ["no_grad", "no input requires grad", "inference_mode"])
+def test_fast_path_without_a_graph(device, save, why):
+    """Where autograd records nothing, attention_probs skips its autograd.Function: the same P (bit for bit on the
+    CPU) as the Function's, and no graph."""
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    case = Case(2, 4, 2, 9, 13, head_dim(device))
+    q, k = tensors(14, dtype, device, case.q_shape, case.k_shape)
+    expected = qksoftmax.attention_probs(*leaves(q, k), save=save)
+    assert type(expected.grad_fn).__name__ == FAST_GRAD_FN
+    inputs = (q, k) if why == "no input requires grad" else leaves(q, k)
+    context = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}.get(why, torch.enable_grad)
+    with context():
+        p = qksoftmax.attention_probs(*inputs, save=save)
+    assert p.grad_fn is None and not p.requires_grad
+    exact = device == "cpu"
+    torch.testing.assert_close(p, expected.detach(), rtol=0 if exact else None, atol=0 if exact else None)
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_forward_mode_ad_is_refused(grad):
+    """Dual tensors (torch.autograd.forward_ad) are refused as the autograd.Function and the op refuse them (no
+    jvp is implemented), with or without grad mode: never a P without its tangent."""
+    import torch.autograd.forward_ad as fwAD
+
+    case = Case(1, 2, 1, 5, 5, CPU_HEAD_DIM)
+    q, k = tensors(15, torch.float64, "cpu", case.q_shape, case.k_shape)
+    with fwAD.dual_level(), torch.set_grad_enabled(grad):
+        dual_q = fwAD.make_dual(q, torch.ones_like(q))
+        with pytest.raises(NotImplementedError, match="jvp"):
+            qksoftmax.attention_probs(dual_q, k)
+
+
+@pytest.mark.parametrize("save", SAVES)
 def test_double_backward_is_refused(save):
     """No second derivative is implemented: a graph of the first must refuse to be differentiated, not
     treat dq as a constant (on either path)."""

@@ -510,8 +510,21 @@ void Fuzzer::report(const Call& call, const std::string& what) {
   ++unexpected;
   std::string spoiled;
   for (const std::string& m : call.mutations) spoiled += " [" + m + "]";
-  std::fprintf(stderr, "UNEXPECTED (iteration %d, %s%s): %s\n", index_, call.backward() ? "backward" : "forward",
-               spoiled.c_str(), what.c_str());
+  // The call's dtype, mask, mode and the shapes of q and k: enough to reproduce it as a test.
+  const TensorDesc& q = call.backward() ? call.bwd.q : call.fwd.q;
+  const TensorDesc& k = call.backward() ? call.bwd.k : call.fwd.k;
+  const auto shape = [](const TensorDesc& t) {
+    std::string text;
+    for (int d = 0; d < t.rank; ++d) {
+      if (d > 0) text += 'x';
+      text += std::to_string(t.shape[d]);
+    }
+    return text;
+  };
+  const char* mode = !call.backward() ? "" : call.bwd.p.present() ? " saved-P" : call.bwd.lse.present() ? " lse" : " recompute";
+  std::fprintf(stderr, "UNEXPECTED (iteration %d, %s%s; dtype %d%s%s, q %s, k %s): %s\n", index_,
+               call.backward() ? "backward" : "forward", spoiled.c_str(), int(q.dtype), mode,
+               call.options.mask == Mask::kCausal ? " causal" : "", shape(q).c_str(), shape(k).c_str(), what.c_str());
 }
 
 // Strides of a valid layout of `shape` on this memory's device: any order of the dimensions, padding after

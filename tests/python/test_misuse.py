@@ -4,6 +4,7 @@ work; a second derivative is refused. With CUDA memory exhausted a call raises t
 its inputs alone, and the next call works. CPU tensors wherever the case allows; the CUDA cases skip without a
 device."""
 
+import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
@@ -16,7 +17,7 @@ torch = pytest.importorskip("torch")
 
 from torch_util import requires_cuda, tensors  # noqa: E402  (after the skip: torch_util imports torch)
 
-CASE = Case(1, 2, 1, 4, 5, 8)
+CASE = Case(1, 2, 1, 4, 5, 8)  # on the CPU; on CUDA with a head dimension its kernels cover
 FORWARD_OP = torch.ops.qksoftmax.forward
 RECOMPUTE_OP = torch.ops.qksoftmax.backward_recompute
 SAVED_P_OP = torch.ops.qksoftmax.backward_saved_p
@@ -24,7 +25,8 @@ SAVED_P_OP = torch.ops.qksoftmax.backward_saved_p
 
 def valid(device: str = "cpu", dtype=torch.float32) -> SimpleNamespace:
     """Valid arguments of every call, for a test to spoil one of."""
-    q, k, dp = tensors(1, dtype, device, CASE.q_shape, CASE.k_shape, CASE.p_shape)
+    case = CASE if device == "cpu" else dataclasses.replace(CASE, head_dim=CUDA_HEAD_DIM)
+    q, k, dp = tensors(1, dtype, device, case.q_shape, case.k_shape, case.p_shape)
     p, lse = qksoftmax.forward(q, k)
     return SimpleNamespace(q=q, k=k, dp=dp, p=p, lse=lse)
 

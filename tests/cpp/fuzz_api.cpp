@@ -64,6 +64,7 @@ constexpr int kMaxMutations = 3;
 constexpr double kMutationChance = 0.75;
 constexpr double kNullBytesChance = 0.02;
 const std::vector<int64_t> kCudaHeadDims = {64, 128};  // what the CUDA kernels cover (else kUnsupported)
+constexpr double kLseMargin = 3.0;  // a given LSE: drawn around log Sk + this (the scores are about N(0, 1))
 constexpr bool kTestCuda = QKSOFTMAX_TEST_CUDA;        // the library has its CUDA backend
 
 enum class Kind : uint8_t { kQ, kK, kProbs, kLse, kDq, kDk };
@@ -577,7 +578,10 @@ void Fuzzer::place(Call& call, Arg& arg, const Dims& dims, Memory& memory) {
   Buffer& buffer = call.buffers.back();
   t.data = buffer.base() + lead * elem;
   if (!arg.output) {
-    std::normal_distribution<double> normal;
+    // A given LSE is the forward's (docs/SPEC.md): about log Sk above the scores here, so that P stays near or
+    // below 1. One far below it makes P, and with it 16-bit dS, overflow where the fp64 reference does not.
+    const double mean = arg.kind == Kind::kLse ? std::log(double(std::max<int64_t>(dims.Sk, 1))) + kLseMargin : 0.0;
+    std::normal_distribution<double> normal(mean, 1.0);
     std::byte* at = buffer.staged().data() + lead * elem;
     for_each_offset(t, [&](int64_t offset) { store_from_double(at, offset, t.dtype, normal(rng_)); });
   }

@@ -86,6 +86,11 @@ int resident_clusters(int cluster, Status* status) {
 template <class Cfg>
 Status run_sm90_bwd(const Problem& prob, CUstream_st* stream, int64_t repeat) {
   constexpr const char* kName = "sm90 backward";
+  if (!sm90::bwd_can_implement<Cfg>(prob)) {
+    return {Code::kUnsupported, std::string(kName) + ": the problem is not one this kernel takes (dtype, head " +
+                                    "dimension, mode, at most " + std::to_string(Cfg::kMaxSk) +
+                                    " keys, row blocks × group below 2^31)"};
+  }
   const int cluster = Cfg::cluster_for(prob.Sk);
   const int64_t heads = prob.B * prob.Hk;
   const typename Cfg::Params params{prob,          sm90::bwd_loads<Cfg>(prob), sm90::pairs<typename Cfg::Element>(prob.dq),

@@ -40,7 +40,7 @@ template <int kBlockM>
 struct ItemSteps {
   int row_blocks;  // per query head
   int group;       // query heads per key head
-  int count;       // steps per item (the launch checks that it fits 32 bits)
+  int count;       // steps per item (bwd_can_implement, checked at the launch, keeps it in 32 bits)
 
   CUTE_HOST_DEVICE explicit ItemSteps(const Problem& prob)
       : row_blocks(int((prob.Sq + kBlockM - 1) / kBlockM)), group(int(prob.group())), count(row_blocks * group) {}

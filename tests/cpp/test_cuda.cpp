@@ -418,7 +418,11 @@ INSTANTIATE_TEST_SUITE_P(
                            .variant = Variant::kSavedP, .deterministic = true},
                       Case{.B = 3, .Hq = 64, .Hk = 16, .Sq = 520, .Sk = 520, .D = 128, .mask = Mask::kNone,
                            .variant = Variant::kRecomputeLse, .deterministic = true},
-                      Case{.B = 4, .Hq = 96, .Hk = 96, .Sq = 128, .Sk = 128, .D = 128}),
+                      Case{.B = 4, .Hq = 96, .Hk = 96, .Sq = 128, .Sk = 128, .D = 128},
+                      // An odd number of steps per item (15 and 1): the exchange buffers' parity alternates from one
+                      // item to the next.
+                      Case{.B = 2, .Hq = 20, .Hk = 20, .Sq = 960, .Sk = 960, .D = 128, .deterministic = true},
+                      Case{.B = 3, .Hq = 50, .Hk = 50, .Sq = 64, .Sk = 64, .D = 128}),
     param_name);
 
 // Forwards enqueued back to back, with no synchronisation between them, at a shape with ~16 row-block tiles

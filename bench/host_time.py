@@ -10,7 +10,8 @@ drift of the machine spreads over every layer. Layers from the bottom: the C++ c
 its run), the eager fast path's Python layer (_ops.eager_forward / eager_backward: allocation, plan, workspace,
 run), the custom ops (torch.ops.qksoftmax), the public functions, attention_probs forward + autograd.grad on the
 eager fast path and through the ops, and its forward where autograd records nothing; then PyTorch's reference
-ops. --json writes the figures as a results file (bench/results/h200-host.json).
+ops, among them the floor of any op built as an autograd.Function (outputs allocated, nothing computed).
+--json writes the figures as a results file (bench/results/h200-host.json).
 """
 
 from __future__ import annotations
@@ -70,6 +71,19 @@ def layers(device: str) -> tuple[dict[str, Callable[[], object]], dict[str, Call
         p, _ = torch.ops.qksoftmax.forward(qg, kg, None, True, "lse")
         return grad(p)
 
+    class Floor(torch.autograd.Function):
+        """What any autograd.Function op costs here: outputs allocated, q and k saved, no work."""
+
+        @staticmethod
+        def forward(ctx, q, k):
+            ctx.save_for_backward(q, k)
+            return q.new_empty(q.shape[:-1] + (k.shape[-2],))
+
+        @staticmethod
+        def backward(ctx, grad_p):
+            q, k = ctx.saved_tensors
+            return torch.empty_like(q), torch.empty_like(k)
+
     def torch_block() -> torch.Tensor:
         return torch.softmax((qg @ kg.transpose(-1, -2) * D**-0.5).masked_fill(mask, float("-inf")), -1)
 
@@ -96,6 +110,7 @@ def layers(device: str) -> tuple[dict[str, Callable[[], object]], dict[str, Call
         "torch: _softmax_backward_data + one matmul": lambda: torch.ops.aten._softmax_backward_data(
             dp, p, -1, dtype) @ k,
         "torch: score block fwd+bwd (eager)": lambda: grad(torch_block()),
+        "torch: autograd.Function floor fwd+bwd (allocations only)": lambda: grad(Floor.apply(qg, kg)),
     }
     return ours, reference, shape
 

@@ -85,7 +85,7 @@ CUTE_HOST_DEVICE int64_t dq_accum_offset(const Problem& prob, int64_t b, int64_t
 }
 // Whether every row start of an operand of Element (pointer and strides) is aligned to `elements` elements.
 template <class Element>
-__device__ inline bool aligned_rows(const Operand& op, int64_t elements) {
+CUTE_HOST_DEVICE bool aligned_rows(const Operand& op, int64_t elements) {
   return reinterpret_cast<uintptr_t>(op.ptr) % uintptr_t(elements * sizeof(Element)) == 0 && op.sr % elements == 0 &&
          op.sh % elements == 0 && op.sb % elements == 0;
 }

@@ -27,14 +27,6 @@ bool bwd_can_implement(const Problem& prob) {
          row_blocks * prob.group() <= INT_MAX;
 }
 
-// Whether every row start of an output is aligned for a 4-byte store of two 16-bit values.
-template <class Element>
-bool pairs(const Operand& op) {
-  constexpr int64_t kPair = 2;
-  return reinterpret_cast<uintptr_t>(op.ptr) % (kPair * sizeof(Element)) == 0 && op.sr % kPair == 0 &&
-         op.sh % kPair == 0 && op.sb % kPair == 0;
-}
-
 template <class Cfg>
 typename Cfg::Loads bwd_loads(const Problem& prob) {
   const auto [q, k, dp, p] = backward_views<typename Cfg::Element, typename Cfg::HD>(prob);
@@ -93,9 +85,10 @@ Status run_sm90_bwd(const Problem& prob, CUstream_st* stream, int64_t repeat) {
   }
   const int cluster = Cfg::cluster_for(prob.Sk);
   const int64_t heads = prob.B * prob.Hk;
-  const typename Cfg::Params params{prob,          sm90::bwd_loads<Cfg>(prob), sm90::pairs<typename Cfg::Element>(prob.dq),
-                                    sm90::pairs<typename Cfg::Element>(prob.dk), cluster,
-                                    heads * repeat,  heads};
+  constexpr int64_t kPair = 2;  // dQ and dK rows take 4-byte stores of two values where aligned
+  using Element = typename Cfg::Element;
+  const typename Cfg::Params params{prob, sm90::bwd_loads<Cfg>(prob), sm90::aligned_rows<Element>(prob.dq, kPair),
+                                    sm90::aligned_rows<Element>(prob.dk, kPair), cluster, heads * repeat, heads};
   if (Status s = take_tma_failure(kName); !s.ok()) return s;  // nothing launched on a descriptor that failed
   Status status;
   const int resident = sm90::resident_clusters<Cfg>(cluster, &status);

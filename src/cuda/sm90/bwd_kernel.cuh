@@ -17,7 +17,7 @@ template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(CUTE_GRID_CONSTANT const typename Cfg::Params params) {
   using StagePipeline = typename Cfg::StagePipeline;
   using KPipeline = typename Cfg::KPipeline;
-  extern __shared__ __align__(128) char smem_raw[];
+  extern __shared__ __align__(1024) char smem_raw[];  // the swizzled tiles need a 1024-byte-aligned base
   auto& st = *reinterpret_cast<typename Cfg::Storage*>(smem_raw);
 
   const int warpgroup = cutlass::canonical_warp_group_idx();

@@ -170,17 +170,24 @@ struct BwdMainloop {
     const uint32_t stats_bytes = uint32_t(cluster) * Cfg::kStatsPushBytes;
     const uint32_t sender = 2 * rank + uint32_t(w);
 
+    // wgmma descriptors of stage 0, made once: a stage's are these advanced by its offset (in the descriptor's
+    // 16-byte units), K's are the same for every step.
+    constexpr uint32_t kQStageDesc = Cfg::kQBytes / 16, kPStageDesc = kStageBytes / 16;
+    const Tensor tSrQ0 = thr_s_chunk.partition_fragment_A(sQ(_, _, 0));  // (MMA, 1, D/16) descriptors
+    const Tensor tSrK0 = thr_s_chunk.partition_fragment_B(local_tile(sK, Shape<CK, HD>{}, make_coord(2 * w, 0)));
+    const Tensor tSrK1 = thr_s_chunk.partition_fragment_B(local_tile(sK, Shape<CK, HD>{}, make_coord(2 * w + 1, 0)));
+
     // S of a step over this consumer's live chunks into tSrS, one wgmma batch (empty when none is live).
     const auto issue_s = [&](const StepView& v, FragS& tSrS) {
       warpgroup_fence_operand(tSrS);
       warpgroup_arrive();
-      Tensor tSrQ = thr_s_chunk.partition_fragment_A(sQ(_, _, v.stage));  // (MMA, 1, D/16) descriptors
-      constexpr int kBlocks = size<2>(decltype(tSrQ.layout()){});
+      const Tensor tSrQ = make_tensor(tSrQ0.data() + uint32_t(v.stage) * kQStageDesc, tSrQ0.layout());
+      constexpr int kBlocks = size<2>(decltype(tSrQ0.layout()){});
       CUTE_UNROLL
       for (int j = 0; j < 2; ++j) {
         if (!v.has(w, j)) continue;
         Tensor acc = make_tensor(tSrS.data() + j * size(FragSChunk{}), FragSChunk{}.layout());
-        Tensor tSrK = thr_s_chunk.partition_fragment_B(local_tile(sK, Shape<CK, HD>{}, make_coord(2 * w + j, 0)));
+        const auto& tSrK = j == 0 ? tSrK0 : tSrK1;
         mma_s.accumulate_ = GMMA::ScaleOut::Zero;
         CUTE_UNROLL
         for (int kb = 0; kb < kBlocks; ++kb) {
@@ -235,19 +242,19 @@ struct BwdMainloop {
             for_each_live(v, is_masked, ri, [&](int ci, bool keep) {
               tSrE_rc(ri, ci) = keep ? float(tSrP_rc(ri, ci)) : 0.0f;
             });
-          } else if (lse_given) {
-            const int64_t i = v.m0 + get<0>(tScS_rc(ri, 0));
-            const float lse2 =
-                i < prob.Sq ? static_cast<const float*>(lse_op.ptr)[lse_op.offset(item.b, v.h, i)] * kLog2e : 0.0f;
-            for_each_live(v, is_masked, ri, [&](int ci, bool keep) {
-              tSrE_rc(ri, ci) = keep ? exp2_fast(tSrS_rc(ri, ci) * scale_log2 - lse2) : 0.0f;
-            });
           } else {
-            for_each_live(v, is_masked, ri, [&](int ci, bool keep) {
-              m.max(ci, keep ? tSrS_rc(ri, ci) * scale_log2 : -INFINITY);
-            });
-            mx = quad_max<kQuad>(m.max());
-            const float base = mx == -INFINITY ? 0.0f : mx;
+            // One exponential pass for both sources of the row's base: the given LSE, or this CTA's row max.
+            float base;
+            if (lse_given) {
+              const int64_t i = v.m0 + get<0>(tScS_rc(ri, 0));
+              base = i < prob.Sq ? static_cast<const float*>(lse_op.ptr)[lse_op.offset(item.b, v.h, i)] * kLog2e : 0.0f;
+            } else {
+              for_each_live(v, is_masked, ri, [&](int ci, bool keep) {
+                m.max(ci, keep ? tSrS_rc(ri, ci) * scale_log2 : -INFINITY);
+              });
+              mx = quad_max<kQuad>(m.max());
+              base = mx == -INFINITY ? 0.0f : mx;
+            }
             for_each_live(v, is_masked, ri, [&](int ci, bool keep) {
               tSrE_rc(ri, ci) = keep ? exp2_fast(tSrS_rc(ri, ci) * scale_log2 - base) : 0.0f;
             });
@@ -374,11 +381,15 @@ struct BwdMainloop {
       }
     };
 
+    const Tensor tdKrA0 = thr_dk.partition_fragment_A(local_tile(sdSt(_, _, 0), Shape<HF, BM>{}, make_coord(w, 0)));  // (MMA, 1, BM/16)
+    const Tensor tdKrB0 = thr_dk.partition_fragment_B(sQt(_, _, 0));    // (MMA, 1, BM/16) descriptors
+    const Tensor tdQrdS0 = thr_dq.partition_fragment_A(sdP(_, _, 0));   // (MMA, 1, BN/16) descriptors
+
     // back, second part: dK += dSᵀ Q over this consumer's keys and dQ = dS K over the live positions, one batch.
     const auto issue_dk_dq = [&](const StepView& v, FragdQ& tdQrdQ) {
-      Tensor tdKrA = thr_dk.partition_fragment_A(local_tile(sdSt(_, _, v.stage), Shape<HF, BM>{}, make_coord(w, 0)));  // (MMA, 1, BM/16)
-      Tensor tdKrB = thr_dk.partition_fragment_B(sQt(_, _, v.stage));  // (MMA, 1, BM/16) descriptors
-      Tensor tdQrdS = thr_dq.partition_fragment_A(sdP(_, _, v.stage));  // (MMA, 1, BN/16) descriptors
+      const Tensor tdKrA = make_tensor(tdKrA0.data() + uint32_t(v.stage) * kPStageDesc, tdKrA0.layout());
+      const Tensor tdKrB = make_tensor(tdKrB0.data() + uint32_t(v.stage) * kQStageDesc, tdKrB0.layout());
+      const Tensor tdQrdS = make_tensor(tdQrdS0.data() + uint32_t(v.stage) * kPStageDesc, tdQrdS0.layout());
       // No operand fence before the batch: S of the next step is in flight, and a fence reads the registers it
       // names. Nothing but wgmma touches these accumulators until the wait.
       warpgroup_arrive();
@@ -448,31 +459,25 @@ struct BwdMainloop {
       k_pipe.consumer_wait(k_state);
       clear(tdKrdK);
       mma_dk.accumulate_ = GMMA::ScaleOut::One;
-      StepView v = first(steps, item, g0, mask);
-      {
-        stage_pipe.consumer_wait(state_of<StagePipeline>(g0));
-        FragS tSrS;  // (MMA, 1, 1) fp32
-        if constexpr (!kSavedP) {
-          issue_s(v, tSrS);
-          warpgroup_wait<0>();
-          warpgroup_fence_operand(tSrS);
-        }
-        front(item, v, g0, tSrS);
-      }
-      for (int t = 0; t < steps.count; ++t) {
+      // Step t's back half and step t + 1's front half per turn, from t = −1 (a front half alone: one copy of the
+      // front half's code, for the instruction cache). The S batch and the dK/dQ batch are committed on every turn,
+      // empty where there is nothing to compute, and waited unconditionally: ptxas does not relate two branches on
+      // one condition, and a wait it cannot match to its batch makes it serialise every wgmma of the kernel.
+      StepView v{};  // step t (before the first: nothing live)
+      v.live = 0;
+      StepView vn = first(steps, item, g0, mask);  // step t + 1
+      for (int t = -1; t < steps.count; ++t) {
         const int64_t g = g0 + t;
         const bool ahead = t + 1 < steps.count;
-        StepView vn = next(v, mask);
         if (!ahead) vn.live = 0;
-        // S of step t + 1, in flight during back(t). Its batch is committed on every step (empty after the
-        // last one) and waited unconditionally: ptxas does not relate two branches on `ahead`, and a wait it
-        // cannot match to its batch makes it serialise every wgmma of the kernel.
-        FragS tSrS;  // (MMA, 1, 1) fp32
+        FragS tSrS;  // (MMA, 1, 1) fp32: S of step t + 1, in flight during back(t)
         if (ahead) stage_pipe.consumer_wait(state_of<StagePipeline>(g + 1));
         if constexpr (!kSavedP) issue_s(vn, tSrS);
-        back_ds(v, g);
-        cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
-        cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kDsBarrier);
+        if (t >= 0) {
+          back_ds(v, g);
+          cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
+          cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kDsBarrier);
+        }
         issue_dk_dq(v, tdQrdQ);
         if constexpr (!kSavedP) {
           warpgroup_wait<1>();  // S of step t + 1 (batches complete in order)
@@ -482,10 +487,13 @@ struct BwdMainloop {
         warpgroup_wait<0>();
         warpgroup_fence_operand(tdKrdK);
         warpgroup_fence_operand(tdQrdQ);
-        stage_pipe.consumer_release(state_of<StagePipeline>(g));
-        if (v.live == 0) clear(tdQrdQ);  // no product wrote it (no wgmma is in flight here)
-        send_dq(item, v, g, tdQrdQ);
+        if (t >= 0) {
+          stage_pipe.consumer_release(state_of<StagePipeline>(g));
+          if (v.live == 0) clear(tdQrdQ);  // no product wrote it (no wgmma is in flight here)
+          send_dq(item, v, g, tdQrdQ);
+        }
         v = vn;
+        vn = next(vn, mask);
       }
       k_pipe.consumer_release(k_state);
       ++k_state;

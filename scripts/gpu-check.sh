@@ -43,6 +43,7 @@ PROFILE_CASES=${PROFILE_CASES:-"4,128,512,128 4,128,1024,128"}
 PROFILE_MODES=${PROFILE_MODES:-"recompute saved_p forward"}
 PROFILE_IMPL=${PROFILE_IMPL:-qksoftmax}  # qksoftmax_deterministic: the single pass at every Sk ≤ 1024
 BENCH_ARGS=${BENCH_ARGS:-"--suite all --mode all --dtype bf16"}
+STEP_ARGS=${STEP_ARGS:-}  # stage step: "--trace" adds each case's cycles per step by phase and role
 # stage ab: ';'-separated CUDA flags, a build and a bench (BENCH_ARGS) each into $OUT/ab<i>.json; an empty
 # variant (";-DX=1") is a control build without flags. CMAKE_ARGS apply too, before the variant's flags.
 AB_CUDA_FLAGS=${AB_CUDA_FLAGS:-}
@@ -126,7 +127,7 @@ fi
 
 if has_stage step; then  # the single-pass backward's step micro-benchmark (L2-resident; tensor-pipe share)
   step_bin=$(find $BUILD -name qksoftmax-step -type f | head -1)
-  if run_logged step "$step_bin" "$OUT/h200-step.json"; then
+  if run_logged step "$step_bin" $STEP_ARGS "$OUT/h200-step.json"; then
     record step ok "$(grep -E '^recompute +8 |^saved_p +8 ' "$LOGS/step.log" | awk '{print $1 " C=8 " $5}' | paste -sd' ')"
   else
     record step FAIL "see logs/step.log"

@@ -24,6 +24,7 @@
 
 #include "cuda/generic_config.h"
 #include "cuda/sm90_config.h"
+#include "cuda/sm90/trace.h"
 #include "cuda/sm90_instances.h"
 #include "problem.h"
 
@@ -126,6 +127,7 @@ struct BwdConfig {
   using StagePipeline = cutlass::PipelineTmaAsync<kStages>;
   using KPipeline = cutlass::PipelineTmaAsync<1>;
   using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+  using Trace = NoTrace;  // the step micro-benchmark's configs time the phases (trace.h)
   using Barrier = cutlass::arch::ClusterBarrier;
 
   struct Storage {

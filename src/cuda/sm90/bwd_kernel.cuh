@@ -17,8 +17,8 @@ template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(CUTE_GRID_CONSTANT const typename Cfg::Params params) {
   using StagePipeline = typename Cfg::StagePipeline;
   using KPipeline = typename Cfg::KPipeline;
-  extern __shared__ __align__(1024) char smem_raw[];  // the swizzled tiles need a 1024-byte-aligned base
-  auto& st = *reinterpret_cast<typename Cfg::Storage*>(smem_raw);
+  extern __shared__ __align__(1024) char bwd_smem[];  // the swizzled tiles need a 1024-byte-aligned base
+  auto& st = *reinterpret_cast<typename Cfg::Storage*>(bwd_smem);
 
   const int warpgroup = cutlass::canonical_warp_group_idx();
   const int cluster = params.cluster;

@@ -16,6 +16,7 @@
 #include "cuda/sm90/cluster_exchange.cuh"
 #include "cuda/sm90/mask.h"
 #include "cuda/sm90/tile_scheduler.h"
+#include "cuda/sm90/trace.h"
 
 namespace qksoftmax::cuda::sm90 {
 
@@ -94,6 +95,7 @@ struct BwdMainloop {
   __device__ void run(StagePipeline& stage_pipe, KPipeline& k_pipe, const Mask& mask) {
     const Problem& prob = params.prob;
     const int tid = threadIdx.x % kThreads;
+    typename Cfg::Trace trace(w == 0 ? TraceRole::kConsumer0 : TraceRole::kConsumer1, tid < 32);
     const int lane = tid % 32;
     const int cluster = params.cluster;
     const uint32_t rank = uint32_t(mask.rank);
@@ -273,10 +275,12 @@ struct BwdMainloop {
           }
         }
       });
+      trace.mark(TracePhase::kFront);
       // To every CTA (lane q of a quad to CTAs q, q + 4), slot `sender`; a CTA alone writes its own memory.
       const int buf = int(g & 1);
       if (cluster > 1) {
         if (g >= Cfg::kBuffers) Cfg::Barrier::wait(&st.stats_empty[buf], uint32_t(((g >> 1) - 1) & 1));
+        trace.mark(TracePhase::kStatsEmpty);
         const uint32_t full = smem_addr(&st.stats_full[buf]);
         CUTE_UNROLL
         for (int ri = 0; ri < kRows; ++ri) {
@@ -292,6 +296,7 @@ struct BwdMainloop {
         CUTE_UNROLL
         for (int ri = 0; ri < kRows; ++ri) st.stats[buf][sender][get<0>(tScS_rc(ri, 0))] = part[ri];
       }
+      trace.mark(TracePhase::kPushStats);
     };
 
     // back, first part: the cluster's statistics, dS into registers and over this consumer's dP tile.
@@ -303,6 +308,7 @@ struct BwdMainloop {
       } else {
         cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kStatsBarrier);
       }
+      trace.mark(TracePhase::kStatsWait);
       // The partials of a row are split over the quad that holds it: lane q combines senders q, q + 4, …
       float factor[kRows], delta[kRows];
       constexpr int kPerLane = 2 * Cfg::kMaxCluster / kQuad;
@@ -347,6 +353,7 @@ struct BwdMainloop {
         __syncwarp();
         Cfg::Barrier::arrive(&st.stats_empty[buf], uint32_t(lane), lane < cluster);
       }
+      trace.mark(TracePhase::kCombine);
       if (!v.has(w, 0)) return;  // no key of this consumer is live: its tile is read by nothing
       FragS16 tSrdS;                                                        // (MMA, 1, 1)
       Tensor tSrdS_rc = make_tensor(tSrdS.data(), rowcol(tSrdS.layout()));  // (rows, cols)
@@ -427,6 +434,7 @@ struct BwdMainloop {
       if (cluster > 1) {
         const int buf = int(g & 1);
         if (g >= Cfg::kBuffers) Cfg::Barrier::wait(&st.dq_empty[buf], uint32_t(((g >> 1) - 1) & 1));
+        trace.mark(TracePhase::kDqEmpty);
         const int log2_ctas = mask.log2_cluster;
         const uint32_t full = smem_addr(&st.dq_full[buf]);
         constexpr uint32_t kVectorBytes = kThreads * sizeof(float4);  // between a slot's vectors
@@ -459,6 +467,7 @@ struct BwdMainloop {
       k_pipe.consumer_wait(k_state);
       clear(tdKrdK);
       mma_dk.accumulate_ = GMMA::ScaleOut::One;
+      trace.mark(TracePhase::kItem);
       // Step t's back half and step t + 1's front half per turn, from t = −1 (a front half alone: one copy of the
       // front half's code, for the instruction cache). The S batch and the dK/dQ batch are committed on every turn,
       // empty where there is nothing to compute, and waited unconditionally: ptxas does not relate two branches on
@@ -472,26 +481,34 @@ struct BwdMainloop {
         if (!ahead) vn.live = 0;
         FragS tSrS;  // (MMA, 1, 1) fp32: S of step t + 1, in flight during back(t)
         if (ahead) stage_pipe.consumer_wait(state_of<StagePipeline>(g + 1));
+        trace.mark(TracePhase::kStageWait);
         if constexpr (!kSavedP) issue_s(vn, tSrS);
+        trace.mark(TracePhase::kIssueS);
         if (t >= 0) {
           back_ds(v, g);
+          trace.mark(TracePhase::kDs);
           cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
           cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kDsBarrier);
+          trace.mark(TracePhase::kDsBarrier);
         }
         issue_dk_dq(v, tdQrdQ);
+        trace.mark(TracePhase::kIssueDkDq);
         if constexpr (!kSavedP) {
           warpgroup_wait<1>();  // S of step t + 1 (batches complete in order)
           warpgroup_fence_operand(tSrS);
         }
+        trace.mark(TracePhase::kWaitS);
         if (ahead) front(item, vn, g + 1, tSrS);
         warpgroup_wait<0>();
         warpgroup_fence_operand(tdKrdK);
         warpgroup_fence_operand(tdQrdQ);
+        trace.mark(TracePhase::kWaitDkDq);
         if (t >= 0) {
           stage_pipe.consumer_release(state_of<StagePipeline>(g));
           if (v.live == 0) clear(tdQrdQ);  // no product wrote it (no wgmma is in flight here)
           send_dq(item, v, g, tdQrdQ);
         }
+        trace.mark(TracePhase::kSendDq);
         v = vn;
         vn = next(vn, mask);
       }

@@ -48,9 +48,11 @@ struct BwdDqReducer {
           const int v = (i / kThreads) % Cfg::kPieceVectors;
           const int sender = i % kThreads;        // the consumer thread that pushed it
           const int p = cta + (k << log2_ctas);    // its piece of dQ
+          // Slot (c, k) of each sender c, in rank order; unrolled, so that the loads need not wait on the adds.
           float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-          for (int c = 0; c < ctas; ++c) {
-            sum = add_f4(sum, load_shared_f4(slots + uint32_t(c * owned * kSlotVectors + i) * sizeof(float4)));  // slot (c, k)
+          CUTE_UNROLL
+          for (int c = 0; c < Cfg::kMaxCluster; ++c) {
+            if (c < ctas) sum = add_f4(sum, load_shared_f4(slots + uint32_t(c * owned * kSlotVectors + i) * sizeof(float4)));
           }
           // Piece p is values [8 (p mod 4), +8) of consumer ⌊p / 4⌋'s accumulator, whose columns start at 64 ⌊p / 4⌋.
           const int consumer = p / Cfg::kPiecesPerConsumer;

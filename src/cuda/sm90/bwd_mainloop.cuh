@@ -234,45 +234,71 @@ struct BwdMainloop {
         load_matrix(addr, tSrdP_cp(make_coord(_, a), 0, 0));
         if constexpr (kSavedP) load_matrix(addr + p_delta, tSrP_cp(make_coord(_, a), 0, 0));
       }
+      // Both rows of the thread in lockstep (no branch between them), so that their chains of shuffles and
+      // exponentials overlap.
       float4 part[kRows];
       with_mask(v.masked, [&](auto is_masked) {
-        CUTE_UNROLL
-        for (int ri = 0; ri < kRows; ++ri) {
-          Lanes<kReduceLanes> m(-INFINITY), sum(0.0f), dot(0.0f);
-          float mx = 0.0f;
-          if constexpr (kSavedP) {
+        float mx[kRows];  // this consumer's row max (·log2e): the exponentials' base without a given LSE
+        if constexpr (kSavedP) {
+          CUTE_UNROLL
+          for (int ri = 0; ri < kRows; ++ri) {
+            mx[ri] = 0.0f;
             for_each_live(v, is_masked, ri, [&](int ci, bool keep) {
               tSrE_rc(ri, ci) = keep ? float(tSrP_rc(ri, ci)) : 0.0f;
             });
-          } else {
-            // One exponential pass for both sources of the row's base: the given LSE, or this CTA's row max.
-            float base;
-            if (lse_given) {
+          }
+        } else {
+          float base[kRows];
+          if (lse_given) {
+            CUTE_UNROLL
+            for (int ri = 0; ri < kRows; ++ri) {
               const int64_t i = v.m0 + get<0>(tScS_rc(ri, 0));
-              base = i < prob.Sq ? static_cast<const float*>(lse_op.ptr)[lse_op.offset(item.b, v.h, i)] * kLog2e : 0.0f;
-            } else {
+              mx[ri] = 0.0f;
+              base[ri] = i < prob.Sq ? static_cast<const float*>(lse_op.ptr)[lse_op.offset(item.b, v.h, i)] * kLog2e : 0.0f;
+            }
+          } else {
+            CUTE_UNROLL
+            for (int ri = 0; ri < kRows; ++ri) {
+              Lanes<kReduceLanes> m(-INFINITY);
               for_each_live(v, is_masked, ri, [&](int ci, bool keep) {
                 m.max(ci, keep ? tSrS_rc(ri, ci) * scale_log2 : -INFINITY);
               });
-              mx = quad_max<kQuad>(m.max());
-              base = mx == -INFINITY ? 0.0f : mx;
+              mx[ri] = m.max();
             }
+            CUTE_UNROLL
+            for (int ri = 0; ri < kRows; ++ri) {
+              mx[ri] = quad_max<kQuad>(mx[ri]);
+              base[ri] = mx[ri] == -INFINITY ? 0.0f : mx[ri];
+            }
+          }
+          CUTE_UNROLL
+          for (int ri = 0; ri < kRows; ++ri) {
             for_each_live(v, is_masked, ri, [&](int ci, bool keep) {
-              tSrE_rc(ri, ci) = keep ? exp2_fast(tSrS_rc(ri, ci) * scale_log2 - base) : 0.0f;
+              tSrE_rc(ri, ci) = keep ? exp2_fast(tSrS_rc(ri, ci) * scale_log2 - base[ri]) : 0.0f;
             });
           }
+        }
+        float sum[kRows], dot[kRows];
+        CUTE_UNROLL
+        for (int ri = 0; ri < kRows; ++ri) {
+          Lanes<kReduceLanes> s(0.0f), d(0.0f);
           for_each_live(v, is_masked, ri, [&](int ci, bool keep) {
-            sum.add(ci, tSrE_rc(ri, ci));
-            dot.add(ci, keep ? tSrE_rc(ri, ci) * float(tSrdP_rc(ri, ci)) : 0.0f);
+            s.add(ci, tSrE_rc(ri, ci));
+            d.add(ci, keep ? tSrE_rc(ri, ci) * float(tSrdP_rc(ri, ci)) : 0.0f);
           });
-          const float d = quad_sum<kQuad>(dot.sum());
-          if (kSavedP || lse_given) {
-            part[ri] = make_float4(0.0f, 0.0f, d, 0.0f);
-            mloc[ri] = 0.0f;
-          } else {
-            part[ri] = make_float4(mx, quad_sum<kQuad>(sum.sum()), d, 0.0f);
-            mloc[ri] = mx;
-          }
+          sum[ri] = s.sum();
+          dot[ri] = d.sum();
+        }
+        CUTE_UNROLL
+        for (int ri = 0; ri < kRows; ++ri) {
+          sum[ri] = quad_sum<kQuad>(sum[ri]);
+          dot[ri] = quad_sum<kQuad>(dot[ri]);
+        }
+        const bool base_given = kSavedP || lse_given;  // only Σ P·dP is exchanged
+        CUTE_UNROLL
+        for (int ri = 0; ri < kRows; ++ri) {
+          part[ri] = base_given ? make_float4(0.0f, 0.0f, dot[ri], 0.0f) : make_float4(mx[ri], sum[ri], dot[ri], 0.0f);
+          mloc[ri] = base_given ? 0.0f : mx[ri];
         }
       });
       trace.mark(TracePhase::kFront);
@@ -309,45 +335,68 @@ struct BwdMainloop {
         cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kStatsBarrier);
       }
       trace.mark(TracePhase::kStatsWait);
-      // The partials of a row are split over the quad that holds it: lane q combines senders q, q + 4, …
+      // The partials of a row are split over the quad that holds it: lane q combines senders q, q + 4, … Both
+      // rows in lockstep, their loads first.
       float factor[kRows], delta[kRows];
       constexpr int kPerLane = 2 * Cfg::kMaxCluster / kQuad;
+      constexpr uint32_t kStride = kQuad * kBlockM * sizeof(float4);  // between a lane's senders
       const int q = lane % kQuad;
+      float4 x[kRows][kPerLane];
       CUTE_UNROLL
       for (int ri = 0; ri < kRows; ++ri) {
         const uint32_t slots = smem_addr(&st.stats[buf][q][get<0>(tScS_rc(ri, 0))]);
-        constexpr uint32_t kStride = kQuad * kBlockM * sizeof(float4);  // between a lane's senders
-        float4 x[kPerLane];
         CUTE_UNROLL
         for (int k = 0; k < kPerLane; ++k) {
-          x[k] = q + kQuad * k < senders ? load_shared_f4(slots + uint32_t(k) * kStride)
-                                         : make_float4(-INFINITY, 0.0f, 0.0f, 0.0f);
+          x[ri][k] = q + kQuad * k < senders ? load_shared_f4(slots + uint32_t(k) * kStride)
+                                             : make_float4(-INFINITY, 0.0f, 0.0f, 0.0f);
         }
-        if (kSavedP || lse_given) {
+      }
+      if (kSavedP || lse_given) {
+        CUTE_UNROLL
+        for (int ri = 0; ri < kRows; ++ri) {
           float d = 0.0f;
           CUTE_UNROLL
-          for (int k = 0; k < kPerLane; ++k) d += x[k].z;
+          for (int k = 0; k < kPerLane; ++k) d += x[ri][k].z;
+          delta[ri] = d;
+        }
+        CUTE_UNROLL
+        for (int ri = 0; ri < kRows; ++ri) {
           factor[ri] = 1.0f;
-          delta[ri] = quad_sum<kQuad>(d);
-          continue;
+          delta[ri] = quad_sum<kQuad>(delta[ri]);
         }
-        float mx = -INFINITY;
+      } else {
+        float base[kRows], sum[kRows], dot[kRows];
         CUTE_UNROLL
-        for (int k = 0; k < kPerLane; ++k) mx = fmaxf(mx, x[k].x);
-        mx = quad_max<kQuad>(mx);
-        const float base = mx == -INFINITY ? 0.0f : mx;
-        float sum = 0.0f, dot = 0.0f;
-        CUTE_UNROLL
-        for (int k = 0; k < kPerLane; ++k) {
-          const float e = exp2_fast(x[k].x - base);  // an empty partial (−inf) weighs 0
-          sum += x[k].y * e;
-          dot += x[k].z * e;
+        for (int ri = 0; ri < kRows; ++ri) {
+          float mx = -INFINITY;
+          CUTE_UNROLL
+          for (int k = 0; k < kPerLane; ++k) mx = fmaxf(mx, x[ri][k].x);
+          base[ri] = mx;
         }
-        sum = quad_sum<kQuad>(sum);
-        dot = quad_sum<kQuad>(dot);
-        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-        factor[ri] = mloc[ri] == -INFINITY ? 0.0f : exp2_fast(mloc[ri] - base) * inv;
-        delta[ri] = dot * inv;
+        CUTE_UNROLL
+        for (int ri = 0; ri < kRows; ++ri) {
+          base[ri] = quad_max<kQuad>(base[ri]);
+          base[ri] = base[ri] == -INFINITY ? 0.0f : base[ri];
+          sum[ri] = 0.0f;
+          dot[ri] = 0.0f;
+          CUTE_UNROLL
+          for (int k = 0; k < kPerLane; ++k) {
+            const float e = exp2_fast(x[ri][k].x - base[ri]);  // an empty partial (−inf) weighs 0
+            sum[ri] += x[ri][k].y * e;
+            dot[ri] += x[ri][k].z * e;
+          }
+        }
+        CUTE_UNROLL
+        for (int ri = 0; ri < kRows; ++ri) {
+          sum[ri] = quad_sum<kQuad>(sum[ri]);
+          dot[ri] = quad_sum<kQuad>(dot[ri]);
+        }
+        CUTE_UNROLL
+        for (int ri = 0; ri < kRows; ++ri) {
+          const float inv = sum[ri] > 0.0f ? rcp_fast(sum[ri]) : 0.0f;
+          factor[ri] = mloc[ri] == -INFINITY ? 0.0f : exp2_fast(mloc[ri] - base[ri]) * inv;
+          delta[ri] = dot[ri] * inv;
+        }
       }
       if (cluster > 1) {  // the slots are read: each warp frees them in every CTA, lane c in CTA c
         __syncwarp();
@@ -480,7 +529,9 @@ struct BwdMainloop {
         const bool ahead = t + 1 < steps.count;
         if (!ahead) vn.live = 0;
         FragS tSrS;  // (MMA, 1, 1) fp32: S of step t + 1, in flight during back(t)
-        if (ahead) stage_pipe.consumer_wait(state_of<StagePipeline>(g + 1));
+        // Step t + 1's tiles: before its S product in recompute; in saved-P only before its front half, so that
+        // their loads have back(t) to arrive in (two stages of Q, dP and P fit, not three).
+        if (!kSavedP && ahead) stage_pipe.consumer_wait(state_of<StagePipeline>(g + 1));
         trace.mark(TracePhase::kStageWait);
         if constexpr (!kSavedP) issue_s(vn, tSrS);
         trace.mark(TracePhase::kIssueS);
@@ -493,6 +544,7 @@ struct BwdMainloop {
         }
         issue_dk_dq(v, tdQrdQ);
         trace.mark(TracePhase::kIssueDkDq);
+        if (kSavedP && ahead) stage_pipe.consumer_wait(state_of<StagePipeline>(g + 1));
         if constexpr (!kSavedP) {
           warpgroup_wait<1>();  // S of step t + 1 (batches complete in order)
           warpgroup_fence_operand(tSrS);

@@ -72,7 +72,7 @@ struct Traced : qksoftmax::cuda::sm90::BwdConfig<cutlass::bfloat16_t, kHeadDim, 
 };
 // Names of each role's phases (trace.h), in the order of the enum.
 constexpr const char* kConsumerPhases[] = {"stage wait", "issue S", "stats wait", "combine", "dS",
-                                           "dS barrier", "issue dK dQ", "wait S", "front", "stats empty",
+                                           "dS barrier", "issue dK dQ", "wait S", "front",
                                            "push stats", "wait dK dQ", "dQ empty", "send dQ", "item"};
 constexpr const char* kReducerPhases[] = {"dQ full wait", "reduce"};
 constexpr const char* kProducerPhases[] = {"acquire", "issue loads"};

@@ -45,7 +45,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(CUTE_GRID_CONSTAN
   if (leader) {
     for (int b = 0; b < Cfg::kBuffers; ++b) {
       Cfg::TxBarrier::init(&st.stats_full[b], 1);
-      Cfg::Barrier::init(&st.stats_empty[b], Cfg::kConsumers * Cfg::kWarpsPerWarpgroup * cluster);  // each consumer warp of each CTA
       Cfg::TxBarrier::init(&st.dq_full[b], 1);
       Cfg::Barrier::init(&st.dq_empty[b], Cfg::kReducerWarps * cluster);  // each reducer warp of each owner
     }

@@ -303,14 +303,16 @@ struct BwdMainloop {
       });
       trace.mark(TracePhase::kFront);
       // To every CTA (lane q of a quad to CTAs q, q + 4), slot `sender`; a CTA alone writes its own memory.
+      // No receiver's slot is awaited: this step's buffer was last read in the combine two steps back, and every
+      // consumer of every CTA did that before it pushed the partials of the previous step, all of which this
+      // consumer has received (its combine of that step waited for them) before it gets here.
       const int buf = int(g & 1);
       if (cluster > 1) {
-        if (g >= Cfg::kBuffers) Cfg::Barrier::wait(&st.stats_empty[buf], uint32_t(((g >> 1) - 1) & 1));
-        trace.mark(TracePhase::kStatsEmpty);
         const uint32_t full = smem_addr(&st.stats_full[buf]);
         CUTE_UNROLL
         for (int ri = 0; ri < kRows; ++ri) {
-          const uint32_t slot = smem_addr(&st.stats[buf][sender][get<0>(tScS_rc(ri, 0))]);
+          const int row = get<0>(tScS_rc(ri, 0));
+          const uint32_t slot = smem_addr(&st.stats[buf][row][Cfg::stats_slot(sender, row)]);
           CUTE_UNROLL
           for (int j = 0; j < Cfg::kMaxCluster / kQuad; ++j) {
             const int c = lane % kQuad + kQuad * j;
@@ -320,7 +322,10 @@ struct BwdMainloop {
         if (w == 0 && tid == 0) Cfg::TxBarrier::arrive_and_expect_tx(&st.stats_full[buf], stats_bytes);
       } else if (lane % kQuad == 0) {
         CUTE_UNROLL
-        for (int ri = 0; ri < kRows; ++ri) st.stats[buf][sender][get<0>(tScS_rc(ri, 0))] = part[ri];
+        for (int ri = 0; ri < kRows; ++ri) {
+          const int row = get<0>(tScS_rc(ri, 0));
+          st.stats[buf][row][Cfg::stats_slot(sender, row)] = part[ri];
+        }
       }
       trace.mark(TracePhase::kPushStats);
     };
@@ -339,16 +344,17 @@ struct BwdMainloop {
       // rows in lockstep, their loads first.
       float factor[kRows], delta[kRows];
       constexpr int kPerLane = 2 * Cfg::kMaxCluster / kQuad;
-      constexpr uint32_t kStride = kQuad * kBlockM * sizeof(float4);  // between a lane's senders
       const int q = lane % kQuad;
       float4 x[kRows][kPerLane];
       CUTE_UNROLL
       for (int ri = 0; ri < kRows; ++ri) {
-        const uint32_t slots = smem_addr(&st.stats[buf][q][get<0>(tScS_rc(ri, 0))]);
+        const int row = get<0>(tScS_rc(ri, 0));
+        const uint32_t slots = smem_addr(&st.stats[buf][row][0]);
         CUTE_UNROLL
         for (int k = 0; k < kPerLane; ++k) {
-          x[ri][k] = q + kQuad * k < senders ? load_shared_f4(slots + uint32_t(k) * kStride)
-                                             : make_float4(-INFINITY, 0.0f, 0.0f, 0.0f);
+          const int s = q + kQuad * k;
+          x[ri][k] = s < senders ? load_shared_f4(slots + uint32_t(Cfg::stats_slot(s, row)) * sizeof(float4))
+                                 : make_float4(-INFINITY, 0.0f, 0.0f, 0.0f);
         }
       }
       if (kSavedP || lse_given) {
@@ -397,10 +403,6 @@ struct BwdMainloop {
           factor[ri] = mloc[ri] == -INFINITY ? 0.0f : exp2_fast(mloc[ri] - base[ri]) * inv;
           delta[ri] = dot[ri] * inv;
         }
-      }
-      if (cluster > 1) {  // the slots are read: each warp frees them in every CTA, lane c in CTA c
-        __syncwarp();
-        Cfg::Barrier::arrive(&st.stats_empty[buf], uint32_t(lane), lane < cluster);
       }
       trace.mark(TracePhase::kCombine);
       if (!v.has(w, 0)) return;  // no key of this consumer is live: its tile is read by nothing

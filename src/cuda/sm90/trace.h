@@ -23,7 +23,6 @@ enum class TracePhase : int {
   kIssueDkDq,     // the dK and dQ products issued
   kWaitS,         // S of the next step done
   kFront,         // the next step's dP (and P) read, its partial statistics
-  kStatsEmpty,    // the receivers' statistics slots free
   kPushStats,     // the statistics pushed
   kWaitDkDq,      // the dK and dQ products done
   kDqEmpty,       // the owners' dQ slots free
@@ -35,7 +34,7 @@ enum class TracePhase : int {
   // producer
   kAcquire = 0,  // a stage free
   kIssueLoads,   // its loads issued
-  kCount = 15
+  kCount = 14
 };
 
 struct NoTrace {

@@ -312,7 +312,7 @@ struct BwdMainloop {
         CUTE_UNROLL
         for (int ri = 0; ri < kRows; ++ri) {
           const int row = get<0>(tScS_rc(ri, 0));
-          const uint32_t slot = smem_addr(&st.stats[buf][row][Cfg::stats_slot(sender, row)]);
+          const uint32_t slot = smem_addr(&st.stats[buf][sender][Cfg::stats_row(sender, row)]);
           CUTE_UNROLL
           for (int j = 0; j < Cfg::kMaxCluster / kQuad; ++j) {
             const int c = lane % kQuad + kQuad * j;
@@ -324,7 +324,7 @@ struct BwdMainloop {
         CUTE_UNROLL
         for (int ri = 0; ri < kRows; ++ri) {
           const int row = get<0>(tScS_rc(ri, 0));
-          st.stats[buf][row][Cfg::stats_slot(sender, row)] = part[ri];
+          st.stats[buf][sender][Cfg::stats_row(sender, row)] = part[ri];
         }
       }
       trace.mark(TracePhase::kPushStats);
@@ -349,11 +349,10 @@ struct BwdMainloop {
       CUTE_UNROLL
       for (int ri = 0; ri < kRows; ++ri) {
         const int row = get<0>(tScS_rc(ri, 0));
-        const uint32_t slots = smem_addr(&st.stats[buf][row][0]);
         CUTE_UNROLL
         for (int k = 0; k < kPerLane; ++k) {
           const int s = q + kQuad * k;
-          x[ri][k] = s < senders ? load_shared_f4(slots + uint32_t(Cfg::stats_slot(s, row)) * sizeof(float4))
+          x[ri][k] = s < senders ? load_shared_f4(smem_addr(&st.stats[buf][s][Cfg::stats_row(s, row)]))
                                  : make_float4(-INFINITY, 0.0f, 0.0f, 0.0f);
         }
       }

@@ -40,62 +40,16 @@ from ._core import (
     check_options,
     probs_shape,
 )
-from ._core import backward as run_backward
-from ._core import forward as run_forward
-from ._frames import NO_STREAM, NO_WORKSPACE, Frame, Runner, TorchFrame
+from ._frames import TorchFrame
 
 FORWARD_OP = "qksoftmax::forward"
 BACKWARD_RECOMPUTE_OP = "qksoftmax::backward_recompute"
 BACKWARD_SAVED_P_OP = "qksoftmax::backward_saved_p"
 
-# current_stream(device_index): the raw cudaStream_t of a device's current stream, without making a
-# torch.cuda.Stream (inductor's own generated code calls the same function), where this torch has it.
-current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-if current_stream is None:
-
-    def current_stream(device_index: int) -> int:
-        return torch.cuda.current_stream(device_index).cuda_stream
-
-
-_empty = torch.empty
-_UINT8 = torch.uint8
-_ALIGNMENT = _C.WORKSPACE_ALIGNMENT
-
-
-def launch(plan: Any, q: Tensor) -> None:
-    """Runs a plan whose tensors are on q's device. On CUDA: the workspace from the caching allocator and the
-    launch on the current stream of q's device (the plan's), whatever device is current; the workspace is freed
-    once launched (stream-ordered reuse). The CPU backend needs no workspace."""
-    if not q.is_cuda:
-        plan.run(NO_WORKSPACE, NO_WORKSPACE, NO_STREAM)
-        return
-    nbytes = plan.workspace_bytes
-    address = NO_WORKSPACE
-    if nbytes:
-        workspace = _empty(nbytes + _ALIGNMENT - 1, dtype=_UINT8, device=q.device)
-        address = workspace.data_ptr()
-        address += -address % _ALIGNMENT
-    plan.run(address, nbytes, current_stream(plan.device_index))
-
-
-class TorchRunner(Runner):
-    float32 = torch.float32
-
-    def prepare(self, x: Tensor) -> Tensor:
-        # qksoftmax._C copies a CUDA input whose last dimension is not dense (the CPU backend takes any strides).
-        return x
-
-    def empty(self, q: Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
-        return q.new_empty(shape, dtype=dtype)
-
-    def launch(self, plan: Any, q: Tensor) -> None:
-        launch(plan, q)
-
-    def frame(self, where: str, q: Any) -> Frame:
-        return TorchFrame(where, q)
-
-
-TORCH = TorchRunner()
+# One C++ call per operation on torch tensors: the inputs described, the outputs allocated (torch.empty), the call
+# validated once and run on the tensors' device, on its current stream (qksoftmax._C.torch_forward / torch_backward).
+_torch_forward = _C.torch_forward
+_torch_backward = _C.torch_backward
 
 
 def check_save(where: str, save: object) -> None:
@@ -106,7 +60,7 @@ def check_save(where: str, save: object) -> None:
 @torch.library.custom_op(FORWARD_OP, mutates_args=())
 def forward_op(q: Tensor, k: Tensor, scale: Optional[float], causal: bool, save: str) -> tuple[Tensor, Tensor]:
     check_save(FORWARD_OP, save)
-    return run_forward(TORCH, FORWARD_OP, q, k, scale, causal, explain=False)
+    return _torch_forward(q, k, scale, causal)
 
 
 def _check_devices(where: str, q: Tensor, **tensors: Optional[Tensor]) -> None:
@@ -135,7 +89,7 @@ def _forward_fake(q: Tensor, k: Tensor, scale: Optional[float], causal: bool, sa
 def backward_recompute_op(
     q: Tensor, k: Tensor, dp: Tensor, lse: Optional[Tensor], scale: Optional[float], causal: bool
 ) -> tuple[Tensor, Tensor]:
-    return run_backward(TORCH, BACKWARD_RECOMPUTE_OP, q, k, dp, None, lse, scale, causal, explain=False)
+    return _torch_backward(q, k, dp, None, lse, scale, causal)
 
 
 @torch.library.custom_op(BACKWARD_SAVED_P_OP, mutates_args=())
@@ -143,7 +97,7 @@ def backward_saved_p_op(
     q: Tensor, k: Tensor, p: Tensor, dp: Tensor, scale: Optional[float], causal: bool
 ) -> tuple[Tensor, Tensor]:
     _check_saved_p(p)
-    return run_backward(TORCH, BACKWARD_SAVED_P_OP, q, k, dp, p, None, scale, causal, explain=False)
+    return _torch_backward(q, k, dp, p, None, scale, causal)
 
 
 def _gradients_fake(where: str, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
@@ -203,9 +157,6 @@ backward_saved_p_op.register_autograd(_no_second_derivative)
 # The eager fast path.
 
 _PLAIN_TYPES = (Tensor, torch.nn.Parameter)
-_FLOAT32 = torch.float32
-_plan_forward = _C.plan_forward
-_plan_backward = _C.plan_backward
 _grad_enabled = torch.is_grad_enabled
 
 
@@ -235,18 +186,12 @@ def plain_eager(*tensors: Optional[Tensor]) -> bool:
 
 
 def eager_forward(where: str, q: Tensor, k: Tensor, scale: Optional[float], causal: bool) -> tuple[Tensor, Tensor]:
-    """What _core.forward does with TORCH, without its indirections: the two outputs (each one torch.empty of
-    sizes given as ints, the cheapest form), one plan, its run. A refusal is explained by the checks."""
+    """(p, lse) by one C++ call; a refusal is explained by the checks."""
     try:
-        shape = q.shape
-        device = q.device
-        p = _empty(shape[0], shape[1], shape[2], k.shape[2], dtype=q.dtype, device=device)
-        lse = _empty(shape[0], shape[1], shape[2], dtype=_FLOAT32, device=device)
-        launch(_plan_forward(q, k, p, lse, scale, causal), q)
+        return _torch_forward(q, k, scale, causal)
     except CALL_ERRORS:
         _core.check_forward(TorchFrame(where, q), q, k)
         raise
-    return p, lse
 
 
 def eager_backward(
@@ -259,17 +204,12 @@ def eager_backward(
     scale: Optional[float],
     causal: bool,
 ) -> tuple[Tensor, Tensor]:
-    """What _core.backward does with TORCH, as eager_forward does _core.forward's."""
+    """(dq, dk) by one C++ call, as eager_forward (p, lse)."""
     try:
-        dtype = q.dtype
-        device = q.device
-        dq = _empty(*q.shape, dtype=dtype, device=device)
-        dk = _empty(*k.shape, dtype=dtype, device=device)
-        launch(_plan_backward(q, k, dp, p, lse, dq, dk, scale, causal), q)
+        return _torch_backward(q, k, dp, p, lse, scale, causal)
     except CALL_ERRORS:
         _core.check_backward(TorchFrame(where, q), q, k, dp, p, lse)
         raise
-    return dq, dk
 
 
 if hasattr(_forward_ad, "_current_level"):  # -1 outside torch.autograd.forward_ad.dual_level()

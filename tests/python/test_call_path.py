@@ -118,3 +118,14 @@ def test_torch_call_validates_once(device, name, checks_forbidden):
     with counted() as spent:
         call()
     assert spent == {"validations": validations, "conversions": conversions, "pointer_queries": 0}
+
+
+def test_an_op_refuses_a_wrong_rank_naming_the_argument():
+    """The ops take the C++ API's message as it is: q or k without the dimensions p is made of is a ValueError
+    that names it, not an IndexError of the allocation."""
+    torch = pytest.importorskip("torch")
+    q, k = torch.ones(4, 4), torch.ones(1, 1, 4, 4)
+    with pytest.raises(ValueError, match=r"^q: expected rank 4 \(B, Hq, Sq, D\), got rank 2"):
+        torch.ops.qksoftmax.forward(q, k, None, True, "lse")
+    with pytest.raises(ValueError, match=r"^k: expected rank 4 \(B, Hk, Sk, D\), got rank 2"):
+        torch.ops.qksoftmax.forward(k, q, None, True, "lse")

@@ -85,8 +85,8 @@ def _check_q_k(frame: Frame, q: Any, k: Any) -> tuple[int, int, int, int]:
 def check_options(where: str, scale: object, causal: object) -> tuple[float | None, bool]:
     """Checks scale and causal (before every call: the C++ binding would take True for 1.0); returns them as
     the C++ API takes them."""
-    if scale is None and type(causal) is bool:
-        return None, causal
+    if type(causal) is bool and (scale is None or (type(scale) is float and -FLOAT32_MAX <= scale <= FLOAT32_MAX)):
+        return scale, causal  # the common calls (a NaN fails the comparison)
     if not isinstance(causal, (bool, np.bool_)):
         raise TypeError(f"{where}: causal must be a bool, got {type_name(causal)}")
     if scale is None:

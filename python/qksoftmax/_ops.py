@@ -130,12 +130,18 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tens
     ctx.scale, ctx.causal, ctx.save = scale, causal, save
 
 
+def _backward_through_ops(
+    q: Tensor, k: Tensor, dp: Tensor, kept: Tensor, scale: Optional[float], causal: bool, save: str
+) -> tuple[Tensor, Tensor]:
+    """(dq, dk) by the backward op that matches what the forward kept (P or the LSE)."""
+    if save == SAVE_P:
+        return torch.ops.qksoftmax.backward_saved_p(q, k, kept, dp, scale, causal)
+    return torch.ops.qksoftmax.backward_recompute(q, k, dp, kept, scale, causal)
+
+
 def _backward(ctx: Any, dp: Tensor, _: Tensor) -> tuple[Optional[Tensor], ...]:
     q, k, kept = ctx.saved_tensors
-    if ctx.save == SAVE_P:
-        dq, dk = torch.ops.qksoftmax.backward_saved_p(q, k, kept, dp, ctx.scale, ctx.causal)
-    else:
-        dq, dk = torch.ops.qksoftmax.backward_recompute(q, k, dp, kept, ctx.scale, ctx.causal)
+    dq, dk = _backward_through_ops(q, k, dp, kept, ctx.scale, ctx.causal, ctx.save)
     return dq, dk, None, None, None
 
 
@@ -158,27 +164,28 @@ backward_saved_p_op.register_autograd(_no_second_derivative)
 
 _PLAIN_TYPES = (Tensor, torch.nn.Parameter)
 _grad_enabled = torch.is_grad_enabled
+_is_compiling = torch.compiler.is_compiling  # torch.compile sees the same function (True while it traces)
 
 
 try:
     _dispatch_modes = torch._C._len_torch_dispatch_stack
     _function_modes = torch._C._is_torch_function_mode_enabled
     _transforms = torch._C._functorch.peek_interpreter_stack
+
+    def _modes_active() -> bool:
+        """A dispatch or torch-function mode or a functorch transform is active."""
+        return bool(_dispatch_modes() or _function_modes() or _transforms() is not None)
+
 except AttributeError:  # this torch cannot tell: the ops are always right
-    _dispatch_modes = _function_modes = _transforms = None
 
-
-def _modes_active() -> bool:
-    """A dispatch or torch-function mode or a functorch transform is active (True when this torch cannot
-    tell)."""
-    if _dispatch_modes is None:
+    def _modes_active() -> bool:
         return True
-    return bool(_dispatch_modes() or _function_modes() or _transforms() is not None)
 
 
 def plain_eager(*tensors: Optional[Tensor]) -> bool:
     """An eager call (the callers have asked torch.compiler.is_compiling() already) may skip the ops: plain
-    tensors (no subclass: fake, functional, DTensor, ...), no mode or transform that would intercept the ops."""
+    tensors (no subclass: fake, functional, DTensor, ...), no mode or transform that would intercept the ops.
+    forward and attention_probs spell it out for q and k."""
     for x in tensors:
         if x is not None and type(x) not in _PLAIN_TYPES:
             return False
@@ -227,25 +234,28 @@ else:  # this torch cannot tell: the autograd.Function is always right
 
 class _AttentionProbs(torch.autograd.Function):
     """attention_probs on plain eager tensors: the forward op and its registered backward without the
-    dispatcher (same saved tensors, same C++ calls, same results)."""
+    dispatcher (same saved tensors, same C++ calls, same results). The options travel as one tuple
+    (scale, causal, save): apply() looks at each argument and backward returns a gradient (None) for each."""
 
     @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, scale: Optional[float], causal: bool, save: str) -> Tensor:
+    def forward(ctx: Any, q: Tensor, k: Tensor, options: tuple[Optional[float], bool, str]) -> Tensor:
+        scale, causal, save = options
         p, lse = eager_forward(ATTENTION_PROBS, q, k, scale, causal)
         ctx.save_for_backward(q, k, p if save == SAVE_P else lse)
-        ctx.scale, ctx.causal, ctx.save = scale, causal, save
+        ctx.options = options
         return p
 
     @staticmethod
     def backward(ctx: Any, dp: Tensor) -> tuple[Optional[Tensor], ...]:
-        if _grad_enabled():  # create_graph: the ops' node refuses a second backward instead of a silent 0
-            return _backward(ctx, dp, None)
         q, k, kept = ctx.saved_tensors
-        if ctx.save == SAVE_P:
-            dq, dk = eager_backward(ATTENTION_PROBS, q, k, dp, kept, None, ctx.scale, ctx.causal)
+        scale, causal, save = ctx.options
+        if _grad_enabled():  # create_graph: the ops' node refuses a second backward instead of a silent 0
+            dq, dk = _backward_through_ops(q, k, dp, kept, scale, causal, save)
+        elif save == SAVE_P:
+            dq, dk = eager_backward(ATTENTION_PROBS, q, k, dp, kept, None, scale, causal)
         else:
-            dq, dk = eager_backward(ATTENTION_PROBS, q, k, dp, None, kept, ctx.scale, ctx.causal)
-        return dq, dk, None, None, None
+            dq, dk = eager_backward(ATTENTION_PROBS, q, k, dp, None, kept, scale, causal)
+        return dq, dk, None
 
 
 # The public functions on torch tensors. In eager mode scale and causal are checked first (the C++ binding
@@ -255,9 +265,10 @@ class _AttentionProbs(torch.autograd.Function):
 
 
 def forward(q: Tensor, k: Tensor, scale: object, causal: object) -> tuple[Tensor, Tensor]:
-    if not torch.compiler.is_compiling():
-        scale, causal = check_options(FORWARD, scale, causal)
-        if plain_eager(q, k):
+    if not _is_compiling():
+        if scale is not None or type(causal) is not bool:
+            scale, causal = check_options(FORWARD, scale, causal)
+        if type(q) in _PLAIN_TYPES and type(k) in _PLAIN_TYPES and not _modes_active():
             return eager_forward(FORWARD, q, k, scale, causal)
         check_forward(TorchFrame(FORWARD, q), q, k)
     return torch.ops.qksoftmax.forward(q.detach(), k.detach(), scale, causal, DEFAULT_SAVE)
@@ -266,8 +277,9 @@ def forward(q: Tensor, k: Tensor, scale: object, causal: object) -> tuple[Tensor
 def backward(
     q: Tensor, k: Tensor, dp: Tensor, p: Optional[Tensor], lse: Optional[Tensor], scale: object, causal: object
 ) -> tuple[Tensor, Tensor]:
-    if not torch.compiler.is_compiling():
-        scale, causal = check_options(BACKWARD, scale, causal)
+    if not _is_compiling():
+        if scale is not None or type(causal) is not bool:
+            scale, causal = check_options(BACKWARD, scale, causal)
         if plain_eager(q, k, dp, p, lse):
             return eager_backward(BACKWARD, q, k, dp, p, lse, scale, causal)
         check_backward(TorchFrame(BACKWARD, q), q, k, dp, p, lse)
@@ -279,11 +291,12 @@ def backward(
 
 def attention_probs(q: Tensor, k: Tensor, scale: object, causal: object, save: object) -> Tensor:
     check_save(ATTENTION_PROBS, save)
-    if not torch.compiler.is_compiling():
-        scale, causal = check_options(ATTENTION_PROBS, scale, causal)
-        if plain_eager(q, k):
+    if not _is_compiling():
+        if scale is not None or type(causal) is not bool:
+            scale, causal = check_options(ATTENTION_PROBS, scale, causal)
+        if type(q) in _PLAIN_TYPES and type(k) in _PLAIN_TYPES and not _modes_active():
             if _records_graph(q, k):
-                return _AttentionProbs.apply(q, k, scale, causal, save)
+                return _AttentionProbs.apply(q, k, (scale, causal, save))
             return eager_forward(ATTENTION_PROBS, q, k, scale, causal)[0]
         check_forward(TorchFrame(ATTENTION_PROBS, q), q, k)
     p, _ = torch.ops.qksoftmax.forward(q, k, scale, causal, save)

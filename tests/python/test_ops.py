@@ -211,14 +211,15 @@ def test_compile_forward_and_backward():
         torch.testing.assert_close(got, expected)
 
 
-# The eager fast path (_ops.plain_eager): plain eager calls skip the ops' dispatcher and must give what the
-# ops give; anything the ops exist for (fake tensors, dispatch modes, double backward) must still reach them.
+# The eager fast path (plain tensors, no mode: _ops.plain_eager and its inline form): plain eager calls skip the
+# ops' dispatcher and must give what the ops give; anything the ops exist for (fake tensors, dispatch modes,
+# double backward) must still reach them.
 
 FAST_GRAD_FN = "_AttentionProbsBackward"
 
 
 def ops_only(monkeypatch) -> None:
-    monkeypatch.setattr(qksoftmax._ops, "plain_eager", lambda *tensors: False)
+    monkeypatch.setattr(qksoftmax._ops, "_modes_active", lambda: True)  # as if a mode were active
 
 
 @pytest.mark.parametrize("save", SAVES)

@@ -162,34 +162,12 @@ backward_saved_p_op.register_autograd(_no_second_derivative)
 
 # The eager fast path.
 
-_PLAIN_TYPES = (Tensor, torch.nn.Parameter)
 _grad_enabled = torch.is_grad_enabled
 _is_compiling = torch.compiler.is_compiling  # torch.compile sees the same function (True while it traces)
-
-
-try:
-    _dispatch_modes = torch._C._len_torch_dispatch_stack
-    _function_modes = torch._C._is_torch_function_mode_enabled
-    _transforms = torch._C._functorch.peek_interpreter_stack
-
-    def _modes_active() -> bool:
-        """A dispatch or torch-function mode or a functorch transform is active."""
-        return bool(_dispatch_modes() or _function_modes() or _transforms() is not None)
-
-except AttributeError:  # this torch cannot tell: the ops are always right
-
-    def _modes_active() -> bool:
-        return True
-
-
-def plain_eager(*tensors: Optional[Tensor]) -> bool:
-    """An eager call (the callers have asked torch.compiler.is_compiling() already) may skip the ops: plain
-    tensors (no subclass: fake, functional, DTensor, ...), no mode or transform that would intercept the ops.
-    forward and attention_probs spell it out for q and k."""
-    for x in tensors:
-        if x is not None and type(x) not in _PLAIN_TYPES:
-            return False
-    return not _modes_active()
+# Whether a call on q and k may skip the ops: plain tensors (torch.Tensor or nn.Parameter exactly, no subclass:
+# fake, functional, DTensor, ...), no dispatch or torch-function mode and no functorch transform active (False
+# where this torch cannot tell). _C.torch_forward / torch_backward make the same test with plain_only=True.
+plain_eager = _C.plain_eager
 
 
 def eager_forward(where: str, q: Tensor, k: Tensor, scale: Optional[float], causal: bool) -> tuple[Tensor, Tensor]:
@@ -268,8 +246,13 @@ def forward(q: Tensor, k: Tensor, scale: object, causal: object) -> tuple[Tensor
     if not _is_compiling():
         if scale is not None or type(causal) is not bool:
             scale, causal = check_options(FORWARD, scale, causal)
-        if type(q) in _PLAIN_TYPES and type(k) in _PLAIN_TYPES and not _modes_active():
-            return eager_forward(FORWARD, q, k, scale, causal)
+        try:
+            out = _torch_forward(q, k, scale, causal, True)  # None: not plain tensors, or a mode is active
+        except CALL_ERRORS:
+            _core.check_forward(TorchFrame(FORWARD, q), q, k)
+            raise
+        if out is not None:
+            return out
         check_forward(TorchFrame(FORWARD, q), q, k)
     return torch.ops.qksoftmax.forward(q.detach(), k.detach(), scale, causal, DEFAULT_SAVE)
 
@@ -280,8 +263,13 @@ def backward(
     if not _is_compiling():
         if scale is not None or type(causal) is not bool:
             scale, causal = check_options(BACKWARD, scale, causal)
-        if plain_eager(q, k, dp, p, lse):
-            return eager_backward(BACKWARD, q, k, dp, p, lse, scale, causal)
+        try:
+            out = _torch_backward(q, k, dp, p, lse, scale, causal, True)  # None: as forward's
+        except CALL_ERRORS:
+            _core.check_backward(TorchFrame(BACKWARD, q), q, k, dp, p, lse)
+            raise
+        if out is not None:
+            return out
         check_backward(TorchFrame(BACKWARD, q), q, k, dp, p, lse)
     q, k, dp, p, lse = (None if x is None else x.detach() for x in (q, k, dp, p, lse))
     if p is None:
@@ -294,7 +282,7 @@ def attention_probs(q: Tensor, k: Tensor, scale: object, causal: object, save: o
     if not _is_compiling():
         if scale is not None or type(causal) is not bool:
             scale, causal = check_options(ATTENTION_PROBS, scale, causal)
-        if type(q) in _PLAIN_TYPES and type(k) in _PLAIN_TYPES and not _modes_active():
+        if plain_eager(q, k):
             if _records_graph(q, k):
                 return _AttentionProbs.apply(q, k, (scale, causal, save))
             return eager_forward(ATTENTION_PROBS, q, k, scale, causal)[0]

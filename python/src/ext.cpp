@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -66,6 +67,10 @@ struct Torch {
   nb::object dtype_device;                 // ("dtype", "device"): the keyword names of an allocation
   nb::object uint8;                        // the dtype of a workspace
   nb::object raw_stream;  // torch._C._cuda_getCurrentRawStream (None where this torch lacks it)
+  nb::object parameter_type;  // torch.nn.Parameter: with torch.Tensor, the plain tensor types
+  // What tells that a mode or transform is active (None each where this torch lacks it): the length of the
+  // dispatch-mode stack, whether a torch-function mode is on, the innermost functorch transform.
+  nb::object dispatch_modes, function_modes, transforms;
 };
 
 const Torch* torch_api() {
@@ -85,7 +90,13 @@ const Torch* torch_api() {
   t.strided = torch.attr("strided");
   t.empty = torch.attr("empty");
   t.uint8 = torch.attr("uint8");
-  t.raw_stream = nb::getattr(torch.attr("_C"), "_cuda_getCurrentRawStream", nb::none());
+  const nb::object torch_c = torch.attr("_C");
+  t.raw_stream = nb::getattr(torch_c, "_cuda_getCurrentRawStream", nb::none());
+  t.parameter_type = torch.attr("nn").attr("Parameter");
+  t.dispatch_modes = nb::getattr(torch_c, "_len_torch_dispatch_stack", nb::none());
+  t.function_modes = nb::getattr(torch_c, "_is_torch_function_mode_enabled", nb::none());
+  const nb::object functorch = nb::getattr(torch_c, "_functorch", nb::none());
+  t.transforms = functorch.is_none() ? nb::none() : nb::getattr(functorch, "peek_interpreter_stack", nb::none());
   for (auto [field, name] : {std::pair{&t.data_ptr, "data_ptr"}, {&t.shape, "shape"}, {&t.stride, "stride"},
                              {&t.dtype, "dtype"}, {&t.is_cuda, "is_cuda"}, {&t.is_cpu, "is_cpu"},
                              {&t.get_device, "get_device"}, {&t.device, "device"}, {&t.layout, "layout"},
@@ -292,6 +303,22 @@ const Torch& require_torch(nb::handle q) {
   return *torch;
 }
 
+// Whether an eager call may skip the ops (what _ops.plain_eager says in Python): every tensor given (None:
+// absent) of type torch.Tensor or torch.nn.Parameter exactly (no subclass: fake, functional, DTensor, ...), and
+// no dispatch or torch-function mode and no functorch transform active. False where this torch cannot tell.
+bool plain_eager(const Torch& torch, std::initializer_list<nb::handle> tensors) {
+  for (nb::handle t : tensors) {
+    const PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(t.ptr()));
+    if (!t.is_none() && type != torch.tensor_type.ptr() && type != torch.parameter_type.ptr()) return false;
+  }
+  if (torch.dispatch_modes.is_none() || torch.function_modes.is_none() || torch.transforms.is_none()) return false;
+  const nb::object modes = torch.dispatch_modes();
+  if (!modes.is_valid() || to_int64(modes) != 0) return false;
+  const nb::object function_mode = torch.function_modes();
+  if (!function_mode.is(Py_False)) return false;
+  return torch.transforms().is_none();
+}
+
 // describe() for a fused call: a torch.Tensor or None.
 qksoftmax::TensorDesc describe_input(const Torch& torch, nb::handle t, const char* name, nb::object* keep,
                                      Seen* seen = nullptr) {
@@ -411,8 +438,9 @@ QK describe_q_k(const Torch& torch, nb::handle q, nb::handle k, nb::object* keep
   return seen;
 }
 
-nb::tuple torch_forward(nb::handle q, nb::handle k, std::optional<double> scale, bool causal) {
+nb::object torch_forward(nb::handle q, nb::handle k, std::optional<double> scale, bool causal, bool plain_only) {
   const Torch& torch = require_torch(q);
+  if (plain_only && !plain_eager(torch, {q, k})) return nb::none();
   std::array<nb::object, 2> keep;
   qksoftmax::ForwardArgs args;
   const auto [q_seen, k_seen, device] = describe_q_k(torch, q, k, keep.data(), &args.q, &args.k);
@@ -431,9 +459,10 @@ nb::tuple torch_forward(nb::handle q, nb::handle k, std::optional<double> scale,
   return nb::make_tuple(p, lse);
 }
 
-nb::tuple torch_backward(nb::handle q, nb::handle k, nb::handle dp, nb::handle p, nb::handle lse,
-                         std::optional<double> scale, bool causal) {
+nb::object torch_backward(nb::handle q, nb::handle k, nb::handle dp, nb::handle p, nb::handle lse,
+                          std::optional<double> scale, bool causal, bool plain_only) {
   const Torch& torch = require_torch(q);
+  if (plain_only && !plain_eager(torch, {q, k, dp, p, lse})) return nb::none();
   std::array<nb::object, 5> keep;
   qksoftmax::BackwardArgs args;
   const auto [q_seen, k_seen, device] = describe_q_k(torch, q, k, keep.data(), &args.q, &args.k);
@@ -485,12 +514,22 @@ NB_MODULE(_C, m) {
   m.def("plan_backward", &plan_backward, "q"_a, "k"_a, "dp"_a, "p"_a.none(), "lse"_a.none(), "dq"_a, "dk"_a,
         "scale"_a.none(), "causal"_a,
         "Validates dq, dk from dp: saved-P mode when p is given, recompute mode otherwise.");
-  m.def("torch_forward", &torch_forward, "q"_a, "k"_a.none(), "scale"_a.none(), "causal"_a,
+  m.def("torch_forward", &torch_forward, "q"_a, "k"_a.none(), "scale"_a.none(), "causal"_a, "plain_only"_a = false,
         "plan_forward and its run in one call on torch tensors: returns (p, lse), allocated with torch.empty on q's "
-        "device, computed on that device's current stream.");
+        "device, computed on that device's current stream. With plain_only, returns None without running unless "
+        "the tensors are plain (torch.Tensor or nn.Parameter) and no mode or functorch transform is active.");
   m.def("torch_backward", &torch_backward, "q"_a, "k"_a.none(), "dp"_a.none(), "p"_a.none(), "lse"_a.none(),
-        "scale"_a.none(), "causal"_a,
+        "scale"_a.none(), "causal"_a, "plain_only"_a = false,
         "plan_backward and its run in one call on torch tensors: returns (dq, dk), as torch_forward does (p, lse).");
+  m.def(
+      "plain_eager",
+      [](nb::handle q, nb::handle k) {
+        const Torch* torch = torch_api();
+        return torch != nullptr && plain_eager(*torch, {q, k});
+      },
+      "q"_a.none(), "k"_a.none(),
+      "Whether an eager call on q and k may skip the custom ops: both of type torch.Tensor or torch.nn.Parameter "
+      "exactly, and no dispatch or torch-function mode and no functorch transform active.");
   m.def("counters", &counters,
         "Totals since the module was loaded: validations (the C++ API's), pointer_queries (asked of the CUDA "
         "driver), conversions (tensor arguments described). The tests keep each call at one validation.");

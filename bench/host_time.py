@@ -8,8 +8,9 @@ spends per call, so calls back to back without synchronising measure the host. E
 `repeats` rounds of `calls` calls (host µs per call); the rounds run layer after layer, in turns, so that a
 drift of the machine spreads over every layer. Layers from the bottom: the C++ calls (qksoftmax._C: a plan,
 its run, and the one call per operation that the torch path makes: outputs, plan, workspace, run), the eager
-fast path's Python layer (_ops.eager_forward / eager_backward: that call, the checks only on a refusal), the custom ops (torch.ops.qksoftmax), the public functions, attention_probs forward + autograd.grad on the
-eager fast path and through the ops, and its forward where autograd records nothing; then PyTorch's reference
+fast path's Python layer (_ops.eager_forward / eager_backward: that call, the checks only on a refusal), the
+custom ops (torch.ops.qksoftmax), the public functions, attention_probs forward + autograd.grad on the eager
+fast path and through the ops, and its forward where autograd records nothing; then PyTorch's reference
 ops, among them the floor of any op built as an autograd.Function (outputs allocated, nothing computed).
 --json writes the figures as a results file (bench/results/h200-host.json).
 """

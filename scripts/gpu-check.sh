@@ -16,6 +16,7 @@
 #                                               # the stress run, the API fuzzer; counts in h200-reliability.json
 #                                               # (the three stages take at most about 6 minutes:
 #                                               # SANITIZE_SECONDS, STRESS_SECONDS, FUZZ_SECONDS)
+#   STAGES="build crash" scripts/gpu-check.sh   # a native backtrace of one pytest test (CRASH_TEST) that crashes
 #
 # Needs .deps/ (scripts/deps.sh, run where there is network; carry it with the call).
 # shellcheck disable=SC2086
@@ -47,6 +48,10 @@ STRESS_THREADS=${STRESS_THREADS:-4}
 STRESS_EXTRA_S=${STRESS_EXTRA_S:-90}    # the stress run's limit past STRESS_SECONDS: the other phases, a hang
 FUZZ_ITERATIONS=${FUZZ_ITERATIONS:-3000}  # stage fuzz: calls on device memory (and as many on the host),
 FUZZ_SECONDS=${FUZZ_SECONDS:-60}          # for at most this long on each
+# stage crash (before sanitize-all): one pytest test, alone and after the test files before its own, under gdb
+# where it is installed, for the native backtrace of a crash; each run at most CRASH_SECONDS.
+CRASH_TEST=${CRASH_TEST:-"tests/python/test_misuse.py::test_bad_call[op forward scale nan]"}
+CRASH_SECONDS=${CRASH_SECONDS:-120}
 # A few cases of each Hopper kernel, run first under a short timeout: a hang shows here, not in ctest.
 SMOKE_FILTER=${SMOKE_FILTER:-'*GpuVsCpu*S520x520_D128*:*GpuVsCpu*S1024x1024_D128*:*GpuVsCpu*S120x120_D128*:*GpuForwardWithoutLse*:*ForwardManyItemsRepeated*'}
 # ncu: the Hopper kernels of seed16 cases, in each mode (the bench's calls are not deterministic: the two-pass
@@ -213,6 +218,44 @@ if has_stage sanitize; then
       record $tool FAIL "$(last_line 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$LOGS/sanitize-$tool.log")"
     fi
   done
+fi
+
+if has_stage crash; then
+  # A test that crashes the interpreter: under gdb (the native backtrace of the crashing thread and of every
+  # thread, the shared libraries' addresses, then Python's own trace from its fault handler), or the fault
+  # handler alone where there is no gdb. First the test alone; where that does not crash, every test file of
+  # its folder up to its own in pytest's order, for a crash that needs the state the tests before it leave.
+  t0=$SECONDS
+  crash_file=${CRASH_TEST%%::*}
+  crash_run() {  # log name, pytest arguments...
+    local name=$1; shift
+    local python=(python3 -X faulthandler -m pytest "$@" -v -p no:cacheprovider)
+    if command -v gdb > /dev/null; then
+      python=(gdb -q -batch -ex 'set pagination off' -ex 'handle SIGPIPE nostop noprint' -ex run -ex bt
+              -ex 'thread apply all bt 30' -ex 'info sharedlibrary' -ex continue --args "${python[@]}")
+    fi
+    BUDGET_S=$(within "$CRASH_SECONDS") PYTHONPATH=python run_logged "$name" "${python[@]}"
+  }
+  crashed() { grep -q -E 'Fatal Python error|received signal|terminated with signal' "$LOGS"/crash-*.log; }
+  outcome() {  # log name, exit status: how the test process ended (gdb's own status says nothing of it)
+    local seen
+    seen=$(grep -h -o -E 'received signal [A-Z]+|exited normally|exited with code [0-9]+' "$LOGS/$1.log" | head -1)
+    echo "${seen:-rc $2}"
+  }
+  crash_run crash-test "$CRASH_TEST"
+  steps="alone: $(outcome crash-test $?)"
+  if ! crashed; then
+    files=()
+    for f in "$(dirname "$crash_file")"/test_*.py; do
+      files+=("$f")
+      [ "$f" = "$crash_file" ] && break
+    done
+    crash_run crash-files "${files[@]}"
+    steps+=", ${#files[@]} files: $(outcome crash-files $?)"
+  fi
+  command -v gdb > /dev/null || steps+=" (no gdb)"
+  signal=$(grep -h -E 'Fatal Python error|received signal|terminated with signal' "$LOGS"/crash-*.log | head -1)
+  record crash info "$steps, $((SECONDS - t0)) s: ${signal:-no crash}"
 fi
 
 if has_stage sanitize-all; then

@@ -80,10 +80,15 @@ Tally& tally(const std::string& phase) {
   return tallies()[phase];
 }
 
-// Writes every phase's counts when the run ends.
-class JsonReport : public ::testing::Environment {
+// Writes every phase's counts after each test, so that a crash or a hang in one phase leaves the counts of those
+// before it.
+class JsonReport : public ::testing::EmptyTestEventListener {
  public:
-  void TearDown() override {
+  void OnTestEnd(const ::testing::TestInfo&) override { write(); }
+  void OnTestProgramEnd(const ::testing::UnitTest&) override { write(); }
+
+ private:
+  static void write() {
     const char* path = std::getenv("QKSOFTMAX_STRESS_JSON");
     if (path == nullptr) return;
     std::ofstream out(path);
@@ -101,7 +106,10 @@ class JsonReport : public ::testing::Environment {
   }
 };
 
-const auto* const kReport = ::testing::AddGlobalTestEnvironment(new JsonReport);
+const bool kReport = [] {
+  ::testing::UnitTest::GetInstance()->listeners().Append(new JsonReport);
+  return true;
+}();
 
 void expect_clean(Tally& t) {
   EXPECT_EQ(t.mismatches.load(), 0) << t.first_problem;

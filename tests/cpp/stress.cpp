@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstdio>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -57,8 +58,9 @@ struct Tally {
   std::string first_problem;
   std::mutex mutex;
 
+  static constexpr int64_t kPrinted = 40;  // problems printed as they come (the log shows their spread)
   void problem(const std::string& what) {
-    ++mismatches;
+    if (++mismatches <= kPrinted) std::fprintf(stderr, "stress: mismatch: %s\n", what.c_str());
     const std::lock_guard lock(mutex);
     if (first_problem.empty()) first_problem = what;
   }

@@ -337,9 +337,13 @@ struct GpuCase {
     }
     for (size_t v = 0; v < dq.size(); ++v) {
       const Variant variant = kAllVariants[v];
-      const BackwardArgs args =
-          make_backward_args(in.q, in.k, in.dp, variant == Variant::kSavedP ? in.p : std::nullopt,
-                             variant == Variant::kRecomputeLse ? in.lse : std::nullopt, ref.dq.desc(), ref.dk.desc());
+      // References to in's tensors, not copies: `cond ? in.p : std::nullopt` would copy P into a temporary that
+      // dies with the statement, leaving the descriptor pointing at freed memory (every check of the saved-P and
+      // given-LSE variants failed so on the H200).
+      const std::optional<HostTensor> none;
+      const std::optional<HostTensor>& p = variant == Variant::kSavedP ? in.p : none;
+      const std::optional<HostTensor>& lse = variant == Variant::kRecomputeLse ? in.lse : none;
+      const BackwardArgs args = make_backward_args(in.q, in.k, in.dp, p, lse, ref.dq.desc(), ref.dk.desc());
       if (!backward(args, options_of(c, variant), nullptr, 0, nullptr).ok()) return " CPU backward refused";
       for (const auto& [name, got, want] : {std::tuple{"dq", &dq[v], &ref.dq}, {"dk", &dk[v], &ref.dk}}) {
         const std::vector<double> g = got->values(), w = want->values();

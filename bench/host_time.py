@@ -7,9 +7,10 @@ The shape is tiny (B = H = 1, S = 128, D = 128, bf16 on CUDA): its kernels take 
 spends per call, so calls back to back without synchronising measure the host. Each line is the median over
 `repeats` rounds of `calls` calls (host µs per call); the rounds run layer after layer, in turns, so that a
 drift of the machine spreads over every layer. Layers from the bottom: the C++ calls (qksoftmax._C: a plan,
-its run), the eager fast path's Python layer (_ops.eager_forward / eager_backward: allocation, plan, workspace,
-run), the custom ops (torch.ops.qksoftmax), the public functions, attention_probs forward + autograd.grad on the
-eager fast path and through the ops, and its forward where autograd records nothing; then PyTorch's reference
+its run, and the one call per operation that the torch path makes: outputs, plan, workspace, run), the eager
+fast path's Python layer (_ops.eager_forward / eager_backward: that call, the checks only on a refusal), the
+custom ops (torch.ops.qksoftmax), the public functions, attention_probs forward + autograd.grad on the eager
+fast path and through the ops, and its forward where autograd records nothing; then PyTorch's reference
 ops, among them the floor of any op built as an autograd.Function (outputs allocated, nothing computed).
 --json writes the figures as a results file (bench/results/h200-host.json).
 """
@@ -58,7 +59,7 @@ def layers(device: str) -> tuple[dict[str, Callable[[], object]], dict[str, Call
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     qg, kg = q.clone().requires_grad_(True), k.clone().requires_grad_(True)
     mask = torch.ones(S, S, dtype=torch.bool, device=device).triu(1)
-    stream = _ops.current_stream(q.device.index) if device == "cuda" else 0
+    stream = torch.cuda.current_stream(q.device).cuda_stream if device == "cuda" else 0
     forward_plan = _C.plan_forward(q, k, p, lse, None, True)
     backward_plan = _C.plan_backward(q, k, dp, None, lse, dq, dk, None, True)
     workspace = torch.empty(backward_plan.workspace_bytes + _C.WORKSPACE_ALIGNMENT, dtype=torch.uint8, device=device)
@@ -92,6 +93,8 @@ def layers(device: str) -> tuple[dict[str, Callable[[], object]], dict[str, Call
         "Plan.run (forward)": lambda: forward_plan.run(0, 0, stream),
         "_C.plan_backward (recompute, lse)": lambda: _C.plan_backward(q, k, dp, None, lse, dq, dk, None, True),
         "Plan.run (backward)": lambda: backward_plan.run(workspace_address, backward_plan.workspace_bytes, stream),
+        "_C.torch_forward": lambda: _C.torch_forward(q, k, None, True),
+        "_C.torch_backward (recompute, lse)": lambda: _C.torch_backward(q, k, dp, None, lse, None, True),
         "_ops.eager_forward": lambda: _ops.eager_forward("x", q, k, None, True),
         "_ops.eager_backward (recompute, lse)": lambda: _ops.eager_backward("x", q, k, dp, None, lse, None, True),
         "torch.ops.qksoftmax.forward": lambda: torch.ops.qksoftmax.forward(q, k, None, True, "lse"),

@@ -3,6 +3,8 @@
 // own (tensor products, element-wise work, cluster exchange), without DRAM. Non-causal rows of 128·C keys
 // keep every chunk of every CTA live. Printed per mode and cluster size: µs per 64-row step and SM, and the
 // tensor pipe's share: the step's products at the cuBLAS bf16 rate measured in the same run, over the time.
+// With --trace, each case runs once more through a build of the kernel that reads the SM clock at every phase
+// boundary (src/cuda/sm90/trace.h) and prints each role's cycles per step by phase.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "ceilings.h"
+#include "cuda/sm90/bwd_launch.cuh"
 #include "cuda/sm90_instances.h"
 #include "cuda_check.h"
 #include "gpu.h"
@@ -53,7 +56,57 @@ qksoftmax::Operand operand(void* ptr, int64_t heads, int64_t rows, int64_t cols)
 using Recompute = qksoftmax::cuda::sm90::BwdConfig<cutlass::bfloat16_t, kHeadDim, false>;
 using SavedP = qksoftmax::cuda::sm90::BwdConfig<cutlass::bfloat16_t, kHeadDim, true>;
 
-Result run_case(cudaStream_t stream, bool saved_p, int cluster, int clusters, double gemm_tflops, StepResult* out) {
+// The phase clocks of the traced build: cycles summed over every CTA, by role and phase.
+using qksoftmax::cuda::sm90::TracePhase;
+using qksoftmax::cuda::sm90::TraceRole;
+constexpr int kRoles = int(TraceRole::kCount), kPhases = int(TracePhase::kCount);
+__device__ unsigned long long g_trace[kRoles][kPhases];
+struct TraceSink {
+  __device__ static void add(int role, int phase, uint32_t cycles) {
+    atomicAdd(&g_trace[role][phase], static_cast<unsigned long long>(cycles));
+  }
+};
+template <bool kSavedP>
+struct Traced : qksoftmax::cuda::sm90::BwdConfig<cutlass::bfloat16_t, kHeadDim, kSavedP> {
+  using Trace = qksoftmax::cuda::sm90::ClockTrace<TraceSink>;
+};
+// Names of each role's phases (trace.h), in the order of the enum.
+constexpr const char* kConsumerPhases[] = {"stage wait", "issue S", "stats wait", "combine", "dS",
+                                           "dS barrier", "issue dK dQ", "wait S", "front",
+                                           "push stats", "wait dK dQ", "dQ empty", "send dQ", "item"};
+constexpr const char* kReducerPhases[] = {"dQ full wait", "reduce"};
+constexpr const char* kProducerPhases[] = {"acquire", "issue loads"};
+static_assert(sizeof(kConsumerPhases) / sizeof(kConsumerPhases[0]) == kPhases, "a name per consumer phase");
+
+// One launch of the traced build; each role's cycles per step (of one CTA) by phase.
+Result trace_case(cudaStream_t stream, const qksoftmax::Problem& prob, bool saved_p, double steps) {
+  unsigned long long zero[kRoles][kPhases] = {}, sums[kRoles][kPhases];
+  QKB_TRY(cuda_result(cudaMemcpyToSymbolAsync(g_trace, zero, sizeof zero, 0, cudaMemcpyHostToDevice, stream),
+                      "cudaMemcpyToSymbolAsync"));
+  const qksoftmax::Status s = saved_p ? qksoftmax::cuda::run_sm90_bwd<Traced<true>>(prob, stream, kRepeat)
+                                      : qksoftmax::cuda::run_sm90_bwd<Traced<false>>(prob, stream, kRepeat);
+  QKB_TRY(library_result(s, "traced single-pass backward"));
+  QKB_TRY(cuda_result(cudaMemcpyFromSymbolAsync(sums, g_trace, sizeof sums, 0, cudaMemcpyDeviceToHost, stream),
+                      "cudaMemcpyFromSymbolAsync"));
+  QKB_TRY(cuda_result(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
+  const auto per_step = [&](int role, int phase) { return double(sums[role][phase]) / steps; };
+  double total[2] = {0, 0};
+  std::printf("  %-12s %9s %9s   cycles per step\n", "consumer", "wg 1", "wg 2");
+  for (int ph = 0; ph < kPhases; ++ph) {
+    const double c0 = per_step(int(TraceRole::kConsumer0), ph), c1 = per_step(int(TraceRole::kConsumer1), ph);
+    total[0] += c0, total[1] += c1;
+    std::printf("  %-12s %9.0f %9.0f\n", kConsumerPhases[ph], c0, c1);
+  }
+  std::printf("  %-12s %9.0f %9.0f\n", "total", total[0], total[1]);
+  for (int ph = 0; ph < 2; ++ph) {
+    std::printf("  reducer %-14s %7.0f   producer %-12s %7.0f\n", kReducerPhases[ph],
+                per_step(int(TraceRole::kReducer), ph), kProducerPhases[ph], per_step(int(TraceRole::kProducer), ph));
+  }
+  return {};
+}
+
+Result run_case(cudaStream_t stream, bool saved_p, int cluster, int clusters, double gemm_tflops, bool trace,
+                StepResult* out) {
   using qksoftmax::cuda::run_sm90_bwd;
   const int64_t seq = int64_t(kKeysPerCta) * cluster, heads = clusters;
   DeviceBuffer q, k, dp, p, dq, dk;
@@ -95,10 +148,14 @@ Result run_case(cudaStream_t stream, bool saved_p, int cluster, int clusters, do
   out->us = us;
   out->step_us = us / steps_per_cta;
   out->tensor_share = flops_per_step * steps_per_cta * ctas / (us * kMicro) / (gemm_tflops * kTera);
+  if (trace) {
+    std::printf("%s, cluster %d: %.3f us per step\n", out->mode.c_str(), cluster, out->step_us);
+    QKB_TRY(trace_case(stream, prob, saved_p, steps_per_cta * ctas));
+  }
   return {};
 }
 
-Result run(const std::string& json_path) {
+Result run(const std::string& json_path, bool trace) {
   DeviceInfo info;
   QKB_TRY(device_info(&info));
   Stream stream;
@@ -118,7 +175,7 @@ Result run(const std::string& json_path) {
                                    : qksoftmax::cuda::sm90_bwd_resident_clusters<Recompute>(cluster);
       if (clusters <= 0) return Result("no cluster of " + std::to_string(cluster) + " CTAs fits the device");
       StepResult r;
-      QKB_TRY(run_case(stream.get(), saved_p, cluster, clusters, ceilings.bf16_TFLOPs, &r));
+      QKB_TRY(run_case(stream.get(), saved_p, cluster, clusters, ceilings.bf16_TFLOPs, trace, &r));
       std::printf("%-10s %7d %9.1f %12.3f %7.1f%%\n", r.mode.c_str(), r.cluster, r.us, r.step_us,
                   100.0 * r.tensor_share);
       results.push_back(r);
@@ -145,9 +202,19 @@ Result run(const std::string& json_path) {
 }  // namespace
 }  // namespace qkbench
 
+// qksoftmax-step [--trace] [results.json]
 int main(int argc, char** argv) {
-  const std::string json = argc > 1 ? argv[1] : "";
-  if (const qkbench::Result r = qkbench::run(json); !r.ok()) {
+  std::string json;
+  bool trace = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--trace") {
+      trace = true;
+    } else {
+      json = arg;
+    }
+  }
+  if (const qkbench::Result r = qkbench::run(json, trace); !r.ok()) {
     std::fprintf(stderr, "qksoftmax-step: %s\n", r.message().c_str());
     return 1;
   }

@@ -11,9 +11,12 @@
 #                                               # A/B: the bench again from a build per ';'-separated variant
 #   scripts/export-revs.sh main my-branch; STAGES="revs" scripts/gpu-check.sh   (carry .deps and build/revs)
 #                                               # A/B of whole revisions: each built, then benched in turns
-#   STAGES="build sanitize-all stress fuzz" scripts/gpu-check.sh
+#   STAGES="build sanitize-all stress fuzz" BUDGET_S=580 scripts/gpu-check.sh
 #                                               # reliability: every sanitizer over the whole GPU test suite,
 #                                               # the stress run, the API fuzzer; counts in h200-reliability.json
+#                                               # (about 6 minutes for the three, by their limits
+#                                               # SANITIZE_SECONDS, STRESS_SECONDS and FUZZ_SECONDS)
+#   STAGES="build crash" scripts/gpu-check.sh   # a native backtrace of one pytest test (CRASH_TEST) that crashes
 #
 # Needs .deps/ (scripts/deps.sh, run where there is network; carry it with the call).
 # shellcheck disable=SC2086
@@ -28,13 +31,27 @@ CTEST_ARGS=${CTEST_ARGS:-}  # e.g. "-R D128" for the Hopper cases only
 # paths), GQA, strided layouts.
 SANITIZE_FILTER=${SANITIZE_FILTER:-'*GpuVsCpu*S65x65_D64*:*GpuVsCpu*S136x136_D128*:*GpuVsCpu*S200x200*:*H4x1_S129x129*:*GpuVsCpu*S264x264_D128*:*GpuVsCpu*S1032x264*:*GpuForwardWithoutLse*:*GpuManyItems*S512x512*'}
 # stage sanitize-all: every tool over the whole test suite (the tests' shapes shrunk where size serves only
-# volume, QKSOFTMAX_TEST_SHAPES=small), each tool in SANITIZE_SHARDS shards, all tools and shards at once.
+# volume, QKSOFTMAX_TEST_SHAPES=small), each tool in SANITIZE_SHARDS shards, all tools and shards at once, for
+# at most SANITIZE_SECONDS (less where the budget must keep time for the stress and fuzz stages after it): a
+# shard still running then is stopped and counted as incomplete, with the tests it finished.
 SANITIZE_TOOLS=${SANITIZE_TOOLS:-"memcheck racecheck synccheck initcheck"}
 SANITIZE_SHARDS=${SANITIZE_SHARDS:-4}
 SANITIZE_ALL_FILTER=${SANITIZE_ALL_FILTER:-'*'}
-STRESS_SECONDS=${STRESS_SECONDS:-90}    # stage stress: the concurrent phase (then graphs, repeats, memory)
+SANITIZE_SECONDS=${SANITIZE_SECONDS:-210}
+# tool:pattern pairs: tests a tool leaves out (GoogleTest negative patterns). IndexingPast2To31Elements serves
+# size alone (9 GB of P and dP, past 2^31 elements): memcheck, which sees an offset that overflows as an
+# out-of-bounds access, runs it; the shared-memory, barrier and initialisation tools, which would track every
+# access of its 2.2e9-element kernels, see no kernel or tail path in it that the other tests do not run.
+SANITIZE_SKIP=${SANITIZE_SKIP:-"racecheck:*IndexingPast2To31Elements* synccheck:*IndexingPast2To31Elements* initcheck:*IndexingPast2To31Elements*"}
+STRESS_SECONDS=${STRESS_SECONDS:-60}    # stage stress: the concurrent phase (then graphs, repeats, memory)
 STRESS_THREADS=${STRESS_THREADS:-4}
-FUZZ_ITERATIONS=${FUZZ_ITERATIONS:-3000}  # stage fuzz: calls on device memory (and as many on the host)
+STRESS_EXTRA_S=${STRESS_EXTRA_S:-90}    # the stress run's limit past STRESS_SECONDS: the other phases, a hang
+FUZZ_ITERATIONS=${FUZZ_ITERATIONS:-3000}  # stage fuzz: calls on device memory (and as many on the host),
+FUZZ_SECONDS=${FUZZ_SECONDS:-60}          # for at most this long on each
+# stage crash (before sanitize-all): one pytest test, alone and after the test files before its own, under gdb
+# where it is installed, for the native backtrace of a crash; each run at most CRASH_SECONDS.
+CRASH_TEST=${CRASH_TEST:-"tests/python/test_misuse.py::test_bad_call[op forward scale nan]"}
+CRASH_SECONDS=${CRASH_SECONDS:-120}
 # A few cases of each Hopper kernel, run first under a short timeout: a hang shows here, not in ctest.
 SMOKE_FILTER=${SMOKE_FILTER:-'*GpuVsCpu*S520x520_D128*:*GpuVsCpu*S1024x1024_D128*:*GpuVsCpu*S120x120_D128*:*GpuForwardWithoutLse*:*ForwardManyItemsRepeated*'}
 # ncu: the Hopper kernels of seed16 cases, in each mode (the bench's calls are not deterministic: the two-pass
@@ -43,6 +60,7 @@ PROFILE_CASES=${PROFILE_CASES:-"4,128,512,128 4,128,1024,128"}
 PROFILE_MODES=${PROFILE_MODES:-"recompute saved_p forward"}
 PROFILE_IMPL=${PROFILE_IMPL:-qksoftmax}  # qksoftmax_deterministic: the single pass at every Sk ≤ 1024
 BENCH_ARGS=${BENCH_ARGS:-"--suite all --mode all --dtype bf16"}
+STEP_ARGS=${STEP_ARGS:-}  # stage step: "--trace" adds each case's cycles per step by phase and role
 # stage ab: ';'-separated CUDA flags, a build and a bench (BENCH_ARGS) each into $OUT/ab<i>.json; an empty
 # variant (";-DX=1") is a control build without flags. CMAKE_ARGS apply too, before the variant's flags.
 AB_CUDA_FLAGS=${AB_CUDA_FLAGS:-}
@@ -72,10 +90,12 @@ record() {
 }
 has_stage() { [[ " $STAGES " == *" $1 "* ]] && ! { [ "$STOP_ON_FAIL" = 1 ] && [ "$failed" = 1 ]; }; }
 left() { echo $((BUDGET_S - SECONDS > 1 ? BUDGET_S - SECONDS : 1)); }
+# The budget of a step that may take at most $1 seconds (BUDGET_S=$(within N) run_logged ...).
+within() { echo $((SECONDS + $1 < BUDGET_S ? SECONDS + $1 : BUDGET_S)); }
 run_logged() {  # name, command...: runs within the budget, tees to $LOGS/name.log, returns the command's status
   local name=$1; shift
   echo "=== $name: $*"
-  timeout "$(left)" "$@" 2>&1 | tee "$LOGS/$name.log"
+  timeout -k 10 "$(left)" "$@" 2>&1 | tee "$LOGS/$name.log"
   return "${PIPESTATUS[0]}"
 }
 last_line() { grep -E "$1" "$2" 2>/dev/null | tail -1; }
@@ -126,7 +146,7 @@ fi
 
 if has_stage step; then  # the single-pass backward's step micro-benchmark (L2-resident; tensor-pipe share)
   step_bin=$(find $BUILD -name qksoftmax-step -type f | head -1)
-  if run_logged step "$step_bin" "$OUT/h200-step.json"; then
+  if run_logged step "$step_bin" $STEP_ARGS "$OUT/h200-step.json"; then
     record step ok "$(grep -E '^recompute +8 |^saved_p +8 ' "$LOGS/step.log" | awk '{print $1 " C=8 " $5}' | paste -sd' ')"
   else
     record step FAIL "see logs/step.log"
@@ -201,26 +221,80 @@ if has_stage sanitize; then
   done
 fi
 
+if has_stage crash; then
+  # A test that crashes the interpreter: under gdb (the native backtrace of the crashing thread and of every
+  # thread, the shared libraries' addresses, then Python's own trace from its fault handler), or the fault
+  # handler alone where there is no gdb. First the test alone; where that does not crash, every test file of
+  # its folder up to its own in pytest's order, for a crash that needs the state the tests before it leave.
+  t0=$SECONDS
+  crash_file=${CRASH_TEST%%::*}
+  crash_run() {  # log name, pytest arguments...
+    local name=$1; shift
+    local python=(python3 -X faulthandler -m pytest "$@" -v -p no:cacheprovider)
+    if command -v gdb > /dev/null; then
+      python=(gdb -q -batch -ex 'set pagination off' -ex 'handle SIGPIPE nostop noprint' -ex run -ex bt
+              -ex 'thread apply all bt 30' -ex 'info sharedlibrary' -ex continue --args "${python[@]}")
+    fi
+    BUDGET_S=$(within "$CRASH_SECONDS") PYTHONPATH=python run_logged "$name" "${python[@]}"
+  }
+  crashed() { grep -q -E 'Fatal Python error|received signal|terminated with signal' "$LOGS"/crash-*.log; }
+  outcome() {  # log name, exit status: how the test process ended (gdb's own status says nothing of it)
+    local seen
+    seen=$(grep -h -o -E 'received signal [A-Z]+|exited normally|exited with code [0-9]+' "$LOGS/$1.log" | head -1)
+    echo "${seen:-rc $2}"
+  }
+  crash_run crash-test "$CRASH_TEST"
+  steps="alone: $(outcome crash-test $?)"
+  if ! crashed; then
+    files=()
+    for f in "$(dirname "$crash_file")"/test_*.py; do
+      files+=("$f")
+      [ "$f" = "$crash_file" ] && break
+    done
+    crash_run crash-files "${files[@]}"
+    steps+=", ${#files[@]} files: $(outcome crash-files $?)"
+  fi
+  command -v gdb > /dev/null || steps+=" (no gdb)"
+  signal=$(grep -h -E 'Fatal Python error|received signal|terminated with signal' "$LOGS"/crash-*.log | head -1)
+  record crash info "$steps, $((SECONDS - t0)) s: ${signal:-no crash}"
+fi
+
 if has_stage sanitize-all; then
   tests_bin=$(find $BUILD -name qksoftmax_tests -type f | head -1)
   mkdir -p "$RELIABILITY" "$LOGS/sanitize-all"
-  suite_tests=$(QKSOFTMAX_TEST_SHAPES=small "$tests_bin" --gtest_filter="$SANITIZE_ALL_FILTER" --gtest_list_tests |
-                grep -c '^  ')
-  echo "=== sanitize-all: $SANITIZE_TOOLS over $suite_tests tests, $SANITIZE_SHARDS shards each"
+  rm -f "$LOGS"/sanitize-all/*
+  # The stages after this one keep their time: stress (its concurrent phase and ~30 s) and fuzz (~20 s past its
+  # limit on the device, the host run), and 15 s for the summary.
+  later=15
+  has_stage stress && later=$((later + STRESS_SECONDS + 30))
+  has_stage fuzz && later=$((later + FUZZ_SECONDS + 20))
+  limit=$(($(left) - later < SANITIZE_SECONDS ? $(left) - later : SANITIZE_SECONDS))
+  [ "$limit" -lt 1 ] && limit=1
+  suite_counts=""
   t0=$SECONDS
   for tool in $SANITIZE_TOOLS; do
     leak=""
     [ "$tool" = memcheck ] && leak="--leak-check full"
+    filter=$SANITIZE_ALL_FILTER
+    skipped=""
+    read -r -a skip_pairs <<< "$SANITIZE_SKIP"  # (not a loop over $SANITIZE_SKIP: its patterns would glob)
+    for pair in "${skip_pairs[@]}"; do [ "${pair%%:*}" = "$tool" ] && skipped+="${skipped:+:}${pair#*:}"; done
+    if [ -n "$skipped" ]; then [[ $filter == *-* ]] && filter+=":$skipped" || filter+="-$skipped"; fi
+    count=$(QKSOFTMAX_TEST_SHAPES=small "$tests_bin" --gtest_filter="$filter" --gtest_list_tests | grep -c '^  ')
+    suite_counts+="$tool=$count "
+    echo "=== sanitize-all: $tool over $count tests ($filter), $SANITIZE_SHARDS shards, at most $limit s"
     for shard in $(seq 0 $((SANITIZE_SHARDS - 1))); do
       name=$LOGS/sanitize-all/sanitize-all-$tool-$shard
+      # Not --gtest_brief: every test's line with its time, so that a shard stopped at the limit still says
+      # which tests it finished, and the log says which tests take the time under each tool.
       ( QKSOFTMAX_TEST_SHAPES=small QKSOFTMAX_TEST_RESET_DEVICE=1 GTEST_TOTAL_SHARDS=$SANITIZE_SHARDS GTEST_SHARD_INDEX=$shard \
-          timeout "$(left)" compute-sanitizer --tool "$tool" $leak --error-exitcode 1 "$tests_bin" \
-          --gtest_filter="$SANITIZE_ALL_FILTER" --gtest_brief=1 --gtest_output="json:$name.json" > "$name.log" 2>&1
+          timeout -k 10 "$limit" compute-sanitizer --tool "$tool" $leak --error-exitcode 1 "$tests_bin" \
+          --gtest_filter="$filter" --gtest_output="json:$name.json" > "$name.log" 2>&1
         echo $? > "$name.rc" ) &
     done
   done
   wait
-  if python3 scripts/reliability.py sanitize "$LOGS/sanitize-all" "$SANITIZE_TOOLS" "$SANITIZE_SHARDS" "$suite_tests" \
+  if python3 scripts/reliability.py sanitize "$LOGS/sanitize-all" "$suite_counts" "$SANITIZE_SHARDS" \
        $((SECONDS - t0)) "$RELIABILITY/sanitize.json" > "$LOGS/sanitize-all.log" 2>&1; then
     while read -r line; do
       tool=${line%%:*}
@@ -234,8 +308,11 @@ fi
 if has_stage stress; then
   stress_bin=$(find $BUILD -name qksoftmax_stress -type f | head -1)
   mkdir -p "$RELIABILITY"
+  rm -f "$LOGS/stress-counts.json"  # rewritten after each test: no older file may stand for this run
+  limit=$((STRESS_SECONDS + STRESS_EXTRA_S))
   QKSOFTMAX_STRESS_SECONDS=$STRESS_SECONDS QKSOFTMAX_STRESS_THREADS=$STRESS_THREADS \
-    QKSOFTMAX_STRESS_JSON="$LOGS/stress-counts.json" run_logged stress "$stress_bin" --gtest_brief=1
+    QKSOFTMAX_STRESS_JSON="$LOGS/stress-counts.json" BUDGET_S=$(within "$limit") \
+    run_logged stress "$stress_bin"
   status=$?
   python3 scripts/reliability.py stress "$LOGS/stress-counts.json" "$status" "$STRESS_SECONDS" \
     "$STRESS_THREADS" "$RELIABILITY/stress.json" > "$LOGS/stress-summary.log" 2>&1
@@ -246,12 +323,17 @@ if has_stage fuzz; then
   fuzz_bin=$(find $BUILD -name qksoftmax_fuzz -type f | head -1)
   mkdir -p "$RELIABILITY"
   for device in cuda cpu; do
-    rm -f "$RELIABILITY/fuzz-$device.json"  # a crash leaves none, not an older one
-    if run_logged "fuzz-$device" "$fuzz_bin" --device $device --iterations "$FUZZ_ITERATIONS" --seed 1 \
-         --json "$RELIABILITY/fuzz-$device.json"; then
+    json=$RELIABILITY/fuzz-$device.json
+    rm -f "$json"  # a crash leaves none, not an older one
+    BUDGET_S=$(within $((FUZZ_SECONDS + 20))) \
+      run_logged "fuzz-$device" "$fuzz_bin" --device $device --iterations "$FUZZ_ITERATIONS" \
+      --seconds "$FUZZ_SECONDS" --seed 1 --json "$json"
+    status=$?
+    python3 scripts/reliability.py fuzz "$device" "$status" "$json" >> "$LOGS/fuzz-$device.log" 2>&1
+    if [ "$status" -eq 0 ]; then
       record "fuzz $device" ok "$(last_line '^fuzz' "$LOGS/fuzz-$device.log")"
     else
-      record "fuzz $device" FAIL "$(last_line '^fuzz|qksoftmax_fuzz' "$LOGS/fuzz-$device.log")"
+      record "fuzz $device" FAIL "rc $status: $(last_line '^fuzz|qksoftmax_fuzz' "$LOGS/fuzz-$device.log")"
     fi
   done
 fi

@@ -70,6 +70,8 @@ struct Problem {
   Operand q, k, p, dp, lse;
   // Outputs (forward: p, optional lse; backward: dq, dk).
   Operand out_p, out_lse, dq, dk;
+  // A given lse that saved-P mode does not read: its memory is checked with the others, never read.
+  Operand unread_lse;
 
   constexpr int64_t group() const { return Hq / Hk; }  // query heads per key head
   constexpr KeyRange keys() const { return {mask == Mask::kCausal, Sq, Sk}; }

@@ -1,4 +1,5 @@
-"""The calls into qksoftmax._C, and the checks that phrase a refused call's error, for any framework.
+"""The calls into qksoftmax._C for numpy arrays, and the checks that phrase a refused call's error, for any
+framework (torch tensors go through _ops: one C++ call per operation, _C.torch_forward / torch_backward).
 
 forward / backward lay the inputs out, allocate the outputs in q's framework, and make one plan
 (_C.plan_forward / plan_backward: each tensor described once, the call validated once by the C++ API), whose
@@ -84,8 +85,8 @@ def _check_q_k(frame: Frame, q: Any, k: Any) -> tuple[int, int, int, int]:
 def check_options(where: str, scale: object, causal: object) -> tuple[float | None, bool]:
     """Checks scale and causal (before every call: the C++ binding would take True for 1.0); returns them as
     the C++ API takes them."""
-    if scale is None and type(causal) is bool:
-        return None, causal
+    if type(causal) is bool and (scale is None or (type(scale) is float and -FLOAT32_MAX <= scale <= FLOAT32_MAX)):
+        return scale, causal  # the common calls (a NaN fails the comparison)
     if not isinstance(causal, (bool, np.bool_)):
         raise TypeError(f"{where}: causal must be a bool, got {type_name(causal)}")
     if scale is None:
@@ -113,11 +114,9 @@ def check_backward(frame: Frame, q: Any, k: Any, dp: Any, p: Any, lse: Any) -> N
         _check_operand(frame, "lse", lse, frame.float32, LSE_DIMS, shape[:-1])
 
 
-def forward(
-    runner: Runner, where: str, q: Any, k: Any, scale: float | None, causal: bool, explain: bool = True
-) -> tuple[Any, Any]:
+def forward(runner: Runner, where: str, q: Any, k: Any, scale: float | None, causal: bool) -> tuple[Any, Any]:
     """(p, lse) of q and k, allocated in q's framework and on its device (scale and causal checked). A refusal
-    is explained by the checks, or left as the C++ API's (explain=False: the ops)."""
+    is explained by the checks."""
     try:
         q_shape = q.shape
         shape = (q_shape[0], q_shape[1], q_shape[2], k.shape[2])
@@ -126,8 +125,7 @@ def forward(
         lse = runner.empty(q, shape[:-1], runner.float32)
         runner.launch(_C.plan_forward(q_in, k_in, p, lse, scale, causal), q)
     except CALL_ERRORS:
-        if explain:
-            check_forward(runner.frame(where, q), q, k)
+        check_forward(runner.frame(where, q), q, k)
         raise
     return p, lse
 
@@ -142,7 +140,6 @@ def backward(
     lse: Any,
     scale: float | None,
     causal: bool,
-    explain: bool = True,
 ) -> tuple[Any, Any]:
     """(dq, dk) from dp: saved-P mode when p is given, recompute mode otherwise (scale and causal checked). A
     refusal is explained as forward's is."""
@@ -152,7 +149,6 @@ def backward(
         inputs = (None if x is None else runner.prepare(x) for x in (q, k, dp, p, lse))
         runner.launch(_C.plan_backward(*inputs, dq, dk, scale, causal), q)
     except CALL_ERRORS:
-        if explain:
-            check_backward(runner.frame(where, q), q, k, dp, p, lse)
+        check_backward(runner.frame(where, q), q, k, dp, p, lse)
         raise
     return dq, dk

@@ -1,9 +1,8 @@
 """What qksoftmax needs from an array framework (numpy or torch), in two parts.
 
-A Runner (one per framework: NUMPY, torch's in _ops) is what every call through _core does (numpy arrays, and
-torch tensors inside the custom ops; torch's eager fast path does the same inline, _ops.eager_forward): lay
-inputs out as the C++ API takes them, allocate outputs and the workspace on q's device, launch a plan there. It
-checks nothing: the C++ API validates each call once.
+A Runner (NUMPY) is what every call through _core does on numpy arrays: lay inputs out as the C++ API takes
+them, allocate outputs and the workspace, launch a plan. It checks nothing: the C++ API validates each call
+once. (Torch tensors need no Runner: qksoftmax._C.torch_forward / torch_backward allocate and launch in C++.)
 
 A Frame (one per failed call, taken from its first tensor q) is what the checks need to phrase an error in
 Python terms: every other tensor must be of q's framework, on q's device, of a supported dtype.

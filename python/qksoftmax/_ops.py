@@ -40,62 +40,16 @@ from ._core import (
     check_options,
     probs_shape,
 )
-from ._core import backward as run_backward
-from ._core import forward as run_forward
-from ._frames import NO_STREAM, NO_WORKSPACE, Frame, Runner, TorchFrame
+from ._frames import TorchFrame
 
 FORWARD_OP = "qksoftmax::forward"
 BACKWARD_RECOMPUTE_OP = "qksoftmax::backward_recompute"
 BACKWARD_SAVED_P_OP = "qksoftmax::backward_saved_p"
 
-# current_stream(device_index): the raw cudaStream_t of a device's current stream, without making a
-# torch.cuda.Stream (inductor's own generated code calls the same function), where this torch has it.
-current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-if current_stream is None:
-
-    def current_stream(device_index: int) -> int:
-        return torch.cuda.current_stream(device_index).cuda_stream
-
-
-_empty = torch.empty
-_UINT8 = torch.uint8
-_ALIGNMENT = _C.WORKSPACE_ALIGNMENT
-
-
-def launch(plan: Any, q: Tensor) -> None:
-    """Runs a plan whose tensors are on q's device. On CUDA: the workspace from the caching allocator and the
-    launch on the current stream of q's device (the plan's), whatever device is current; the workspace is freed
-    once launched (stream-ordered reuse). The CPU backend needs no workspace."""
-    if not q.is_cuda:
-        plan.run(NO_WORKSPACE, NO_WORKSPACE, NO_STREAM)
-        return
-    nbytes = plan.workspace_bytes
-    address = NO_WORKSPACE
-    if nbytes:
-        workspace = _empty(nbytes + _ALIGNMENT - 1, dtype=_UINT8, device=q.device)
-        address = workspace.data_ptr()
-        address += -address % _ALIGNMENT
-    plan.run(address, nbytes, current_stream(plan.device_index))
-
-
-class TorchRunner(Runner):
-    float32 = torch.float32
-
-    def prepare(self, x: Tensor) -> Tensor:
-        # qksoftmax._C copies a CUDA input whose last dimension is not dense (the CPU backend takes any strides).
-        return x
-
-    def empty(self, q: Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
-        return q.new_empty(shape, dtype=dtype)
-
-    def launch(self, plan: Any, q: Tensor) -> None:
-        launch(plan, q)
-
-    def frame(self, where: str, q: Any) -> Frame:
-        return TorchFrame(where, q)
-
-
-TORCH = TorchRunner()
+# One C++ call per operation on torch tensors: the inputs described, the outputs allocated (torch.empty), the call
+# validated once and run on the tensors' device, on its current stream (qksoftmax._C.torch_forward / torch_backward).
+_torch_forward = _C.torch_forward
+_torch_backward = _C.torch_backward
 
 
 def check_save(where: str, save: object) -> None:
@@ -106,7 +60,7 @@ def check_save(where: str, save: object) -> None:
 @torch.library.custom_op(FORWARD_OP, mutates_args=())
 def forward_op(q: Tensor, k: Tensor, scale: Optional[float], causal: bool, save: str) -> tuple[Tensor, Tensor]:
     check_save(FORWARD_OP, save)
-    return run_forward(TORCH, FORWARD_OP, q, k, scale, causal, explain=False)
+    return _torch_forward(q, k, scale, causal)
 
 
 def _check_devices(where: str, q: Tensor, **tensors: Optional[Tensor]) -> None:
@@ -135,7 +89,7 @@ def _forward_fake(q: Tensor, k: Tensor, scale: Optional[float], causal: bool, sa
 def backward_recompute_op(
     q: Tensor, k: Tensor, dp: Tensor, lse: Optional[Tensor], scale: Optional[float], causal: bool
 ) -> tuple[Tensor, Tensor]:
-    return run_backward(TORCH, BACKWARD_RECOMPUTE_OP, q, k, dp, None, lse, scale, causal, explain=False)
+    return _torch_backward(q, k, dp, None, lse, scale, causal)
 
 
 @torch.library.custom_op(BACKWARD_SAVED_P_OP, mutates_args=())
@@ -143,7 +97,7 @@ def backward_saved_p_op(
     q: Tensor, k: Tensor, p: Tensor, dp: Tensor, scale: Optional[float], causal: bool
 ) -> tuple[Tensor, Tensor]:
     _check_saved_p(p)
-    return run_backward(TORCH, BACKWARD_SAVED_P_OP, q, k, dp, p, None, scale, causal, explain=False)
+    return _torch_backward(q, k, dp, p, None, scale, causal)
 
 
 def _gradients_fake(where: str, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
@@ -176,12 +130,18 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tens
     ctx.scale, ctx.causal, ctx.save = scale, causal, save
 
 
+def _backward_through_ops(
+    q: Tensor, k: Tensor, dp: Tensor, kept: Tensor, scale: Optional[float], causal: bool, save: str
+) -> tuple[Tensor, Tensor]:
+    """(dq, dk) by the backward op that matches what the forward kept (P or the LSE)."""
+    if save == SAVE_P:
+        return torch.ops.qksoftmax.backward_saved_p(q, k, kept, dp, scale, causal)
+    return torch.ops.qksoftmax.backward_recompute(q, k, dp, kept, scale, causal)
+
+
 def _backward(ctx: Any, dp: Tensor, _: Tensor) -> tuple[Optional[Tensor], ...]:
     q, k, kept = ctx.saved_tensors
-    if ctx.save == SAVE_P:
-        dq, dk = torch.ops.qksoftmax.backward_saved_p(q, k, kept, dp, ctx.scale, ctx.causal)
-    else:
-        dq, dk = torch.ops.qksoftmax.backward_recompute(q, k, dp, kept, ctx.scale, ctx.causal)
+    dq, dk = _backward_through_ops(q, k, dp, kept, ctx.scale, ctx.causal, ctx.save)
     return dq, dk, None, None, None
 
 
@@ -202,51 +162,21 @@ backward_saved_p_op.register_autograd(_no_second_derivative)
 
 # The eager fast path.
 
-_PLAIN_TYPES = (Tensor, torch.nn.Parameter)
-_FLOAT32 = torch.float32
-_plan_forward = _C.plan_forward
-_plan_backward = _C.plan_backward
 _grad_enabled = torch.is_grad_enabled
-
-
-try:
-    _dispatch_modes = torch._C._len_torch_dispatch_stack
-    _function_modes = torch._C._is_torch_function_mode_enabled
-    _transforms = torch._C._functorch.peek_interpreter_stack
-except AttributeError:  # this torch cannot tell: the ops are always right
-    _dispatch_modes = _function_modes = _transforms = None
-
-
-def _modes_active() -> bool:
-    """A dispatch or torch-function mode or a functorch transform is active (True when this torch cannot
-    tell)."""
-    if _dispatch_modes is None:
-        return True
-    return bool(_dispatch_modes() or _function_modes() or _transforms() is not None)
-
-
-def plain_eager(*tensors: Optional[Tensor]) -> bool:
-    """An eager call (the callers have asked torch.compiler.is_compiling() already) may skip the ops: plain
-    tensors (no subclass: fake, functional, DTensor, ...), no mode or transform that would intercept the ops."""
-    for x in tensors:
-        if x is not None and type(x) not in _PLAIN_TYPES:
-            return False
-    return not _modes_active()
+_is_compiling = torch.compiler.is_compiling  # torch.compile sees the same function (True while it traces)
+# Whether a call on q and k may skip the ops: plain tensors (torch.Tensor or nn.Parameter exactly, no subclass:
+# fake, functional, DTensor, ...), no dispatch or torch-function mode and no functorch transform active (False
+# where this torch cannot tell). _C.torch_forward / torch_backward make the same test with plain_only=True.
+plain_eager = _C.plain_eager
 
 
 def eager_forward(where: str, q: Tensor, k: Tensor, scale: Optional[float], causal: bool) -> tuple[Tensor, Tensor]:
-    """What _core.forward does with TORCH, without its indirections: the two outputs (each one torch.empty of
-    sizes given as ints, the cheapest form), one plan, its run. A refusal is explained by the checks."""
+    """(p, lse) by one C++ call; a refusal is explained by the checks."""
     try:
-        shape = q.shape
-        device = q.device
-        p = _empty(shape[0], shape[1], shape[2], k.shape[2], dtype=q.dtype, device=device)
-        lse = _empty(shape[0], shape[1], shape[2], dtype=_FLOAT32, device=device)
-        launch(_plan_forward(q, k, p, lse, scale, causal), q)
+        return _torch_forward(q, k, scale, causal)
     except CALL_ERRORS:
         _core.check_forward(TorchFrame(where, q), q, k)
         raise
-    return p, lse
 
 
 def eager_backward(
@@ -259,17 +189,12 @@ def eager_backward(
     scale: Optional[float],
     causal: bool,
 ) -> tuple[Tensor, Tensor]:
-    """What _core.backward does with TORCH, as eager_forward does _core.forward's."""
+    """(dq, dk) by one C++ call, as eager_forward (p, lse)."""
     try:
-        dtype = q.dtype
-        device = q.device
-        dq = _empty(*q.shape, dtype=dtype, device=device)
-        dk = _empty(*k.shape, dtype=dtype, device=device)
-        launch(_plan_backward(q, k, dp, p, lse, dq, dk, scale, causal), q)
+        return _torch_backward(q, k, dp, p, lse, scale, causal)
     except CALL_ERRORS:
         _core.check_backward(TorchFrame(where, q), q, k, dp, p, lse)
         raise
-    return dq, dk
 
 
 if hasattr(_forward_ad, "_current_level"):  # -1 outside torch.autograd.forward_ad.dual_level()
@@ -287,25 +212,28 @@ else:  # this torch cannot tell: the autograd.Function is always right
 
 class _AttentionProbs(torch.autograd.Function):
     """attention_probs on plain eager tensors: the forward op and its registered backward without the
-    dispatcher (same saved tensors, same C++ calls, same results)."""
+    dispatcher (same saved tensors, same C++ calls, same results). The options travel as one tuple
+    (scale, causal, save): apply() looks at each argument and backward returns a gradient (None) for each."""
 
     @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, scale: Optional[float], causal: bool, save: str) -> Tensor:
+    def forward(ctx: Any, q: Tensor, k: Tensor, options: tuple[Optional[float], bool, str]) -> Tensor:
+        scale, causal, save = options
         p, lse = eager_forward(ATTENTION_PROBS, q, k, scale, causal)
         ctx.save_for_backward(q, k, p if save == SAVE_P else lse)
-        ctx.scale, ctx.causal, ctx.save = scale, causal, save
+        ctx.options = options
         return p
 
     @staticmethod
     def backward(ctx: Any, dp: Tensor) -> tuple[Optional[Tensor], ...]:
-        if _grad_enabled():  # create_graph: the ops' node refuses a second backward instead of a silent 0
-            return _backward(ctx, dp, None)
         q, k, kept = ctx.saved_tensors
-        if ctx.save == SAVE_P:
-            dq, dk = eager_backward(ATTENTION_PROBS, q, k, dp, kept, None, ctx.scale, ctx.causal)
+        scale, causal, save = ctx.options
+        if _grad_enabled():  # create_graph: the ops' node refuses a second backward instead of a silent 0
+            dq, dk = _backward_through_ops(q, k, dp, kept, scale, causal, save)
+        elif save == SAVE_P:
+            dq, dk = eager_backward(ATTENTION_PROBS, q, k, dp, kept, None, scale, causal)
         else:
-            dq, dk = eager_backward(ATTENTION_PROBS, q, k, dp, None, kept, ctx.scale, ctx.causal)
-        return dq, dk, None, None, None
+            dq, dk = eager_backward(ATTENTION_PROBS, q, k, dp, None, kept, scale, causal)
+        return dq, dk, None
 
 
 # The public functions on torch tensors. In eager mode scale and causal are checked first (the C++ binding
@@ -315,10 +243,16 @@ class _AttentionProbs(torch.autograd.Function):
 
 
 def forward(q: Tensor, k: Tensor, scale: object, causal: object) -> tuple[Tensor, Tensor]:
-    if not torch.compiler.is_compiling():
-        scale, causal = check_options(FORWARD, scale, causal)
-        if plain_eager(q, k):
-            return eager_forward(FORWARD, q, k, scale, causal)
+    if not _is_compiling():
+        if scale is not None or type(causal) is not bool:
+            scale, causal = check_options(FORWARD, scale, causal)
+        try:
+            out = _torch_forward(q, k, scale, causal, True)  # None: not plain tensors, or a mode is active
+        except CALL_ERRORS:
+            _core.check_forward(TorchFrame(FORWARD, q), q, k)
+            raise
+        if out is not None:
+            return out
         check_forward(TorchFrame(FORWARD, q), q, k)
     return torch.ops.qksoftmax.forward(q.detach(), k.detach(), scale, causal, DEFAULT_SAVE)
 
@@ -326,10 +260,16 @@ def forward(q: Tensor, k: Tensor, scale: object, causal: object) -> tuple[Tensor
 def backward(
     q: Tensor, k: Tensor, dp: Tensor, p: Optional[Tensor], lse: Optional[Tensor], scale: object, causal: object
 ) -> tuple[Tensor, Tensor]:
-    if not torch.compiler.is_compiling():
-        scale, causal = check_options(BACKWARD, scale, causal)
-        if plain_eager(q, k, dp, p, lse):
-            return eager_backward(BACKWARD, q, k, dp, p, lse, scale, causal)
+    if not _is_compiling():
+        if scale is not None or type(causal) is not bool:
+            scale, causal = check_options(BACKWARD, scale, causal)
+        try:
+            out = _torch_backward(q, k, dp, p, lse, scale, causal, True)  # None: as forward's
+        except CALL_ERRORS:
+            _core.check_backward(TorchFrame(BACKWARD, q), q, k, dp, p, lse)
+            raise
+        if out is not None:
+            return out
         check_backward(TorchFrame(BACKWARD, q), q, k, dp, p, lse)
     q, k, dp, p, lse = (None if x is None else x.detach() for x in (q, k, dp, p, lse))
     if p is None:
@@ -339,11 +279,12 @@ def backward(
 
 def attention_probs(q: Tensor, k: Tensor, scale: object, causal: object, save: object) -> Tensor:
     check_save(ATTENTION_PROBS, save)
-    if not torch.compiler.is_compiling():
-        scale, causal = check_options(ATTENTION_PROBS, scale, causal)
+    if not _is_compiling():
+        if scale is not None or type(causal) is not bool:
+            scale, causal = check_options(ATTENTION_PROBS, scale, causal)
         if plain_eager(q, k):
             if _records_graph(q, k):
-                return _AttentionProbs.apply(q, k, scale, causal, save)
+                return _AttentionProbs.apply(q, k, (scale, causal, save))
             return eager_forward(ATTENTION_PROBS, q, k, scale, causal)[0]
         check_forward(TorchFrame(ATTENTION_PROBS, q), q, k)
     p, _ = torch.ops.qksoftmax.forward(q, k, scale, causal, save)

@@ -234,7 +234,8 @@ Status locate(Problem* prob) {
   }
   const NamedOperand operands[] = {{"q", prob->q},   {"k", prob->k},   {"p", prob->p},
                                    {"dp", prob->dp}, {"lse", prob->lse}, {"p", prob->out_p},
-                                   {"lse", prob->out_lse}, {"dq", prob->dq}, {"dk", prob->dk}};
+                                   {"lse", prob->out_lse}, {"dq", prob->dq}, {"dk", prob->dk},
+                                   {"lse", prob->unread_lse}};
   const void* asked[std::size(operands)] = {};
   size_t asked_count = 0;
   int device = prob->device_index;  // a declared device, or -1

@@ -49,6 +49,14 @@ __device__ inline float exp2_fast(float x) {
   return y;
 }
 
+// 1/x by the special-function unit alone (rcp.approx.ftz: within an ulp or two; 1/(+0) = +inf): IEEE division
+// adds a subroutine and a branch per call.
+__device__ inline float rcp_fast(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // A reduction of N values by a binary operation, as a tree: a dependency chain of log2 N operations instead
 // of N (an element-wise pass over an accumulator row otherwise waits on each add or max in turn).
 template <int N, class Op>

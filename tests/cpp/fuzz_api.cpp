@@ -17,12 +17,16 @@
 //     tensor memory.
 // A crash or a hang is a failure of the program itself.
 //
-//   qksoftmax_fuzz [--device cpu|cuda] [--iterations N] [--seed S] [--json FILE] [--verbose]
+//   qksoftmax_fuzz [--device cpu|cuda] [--iterations N] [--seconds T] [--seed S] [--json FILE] [--verbose]
+//
+// --seconds ends the run after T seconds even if fewer than N iterations were made (the report and the JSON
+// file count the iterations made), so that a run on the GPU machine fits a time budget.
 //
 // Exit status: 0 when every outcome was as expected, 1 otherwise, 2 when the program could not run.
 #include <algorithm>
 #include <array>
 #include <cfloat>
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstddef>
@@ -1042,6 +1046,7 @@ bool gpu_present() {
 int main_(int argc, char** argv) {
   std::string device = "cpu", json;
   int64_t iterations = 2000;
+  double seconds = 0;  // 0: no time limit
   uint64_t seed = 1;
   bool verbose = false;
   for (int i = 1; i < argc; ++i) {
@@ -1054,6 +1059,8 @@ int main_(int argc, char** argv) {
       device = value();
     else if (a == "--iterations")
       iterations = std::stoll(value());
+    else if (a == "--seconds")
+      seconds = std::stod(value());
     else if (a == "--seed")
       seed = std::stoull(value());
     else if (a == "--json")
@@ -1080,17 +1087,22 @@ int main_(int argc, char** argv) {
   }
   Memory& memory = target ? *target : host;
   Fuzzer fuzzer(seed, memory, host, other.get(), gpu, verbose);
-  for (int64_t i = 0; i < iterations && !fuzzer.stopped(); ++i) fuzzer.iteration(int(i));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  int64_t made = 0;
+  for (; made < iterations && !fuzzer.stopped(); ++made) {
+    if (seconds > 0 && std::chrono::steady_clock::now() >= deadline) break;
+    fuzzer.iteration(int(made));
+  }
   std::printf(
       "fuzz %s: seed %llu, %lld iterations, %lld calls (%lld size queries), %lld refused calls, "
       "%lld accepted calls run, %lld size queries only, %lld unexpected outcomes\n",
-      device.c_str(), static_cast<unsigned long long>(seed), static_cast<long long>(iterations),
+      device.c_str(), static_cast<unsigned long long>(seed), static_cast<long long>(made),
       static_cast<long long>(fuzzer.calls), static_cast<long long>(fuzzer.size_queries),
       static_cast<long long>(fuzzer.refused), static_cast<long long>(fuzzer.accepted_runs),
       static_cast<long long>(fuzzer.size_query_only), static_cast<long long>(fuzzer.unexpected));
   if (!json.empty()) {
     std::ofstream out(json);
-    out << "{\"device\": \"" << device << "\", \"seed\": " << seed << ", \"iterations\": " << iterations
+    out << "{\"device\": \"" << device << "\", \"seed\": " << seed << ", \"iterations\": " << made
         << ", \"calls\": " << fuzzer.calls << ", \"size_queries\": " << fuzzer.size_queries
         << ", \"refused_calls\": " << fuzzer.refused << ", \"accepted_calls_run\": " << fuzzer.accepted_runs
         << ", \"size_query_only\": " << fuzzer.size_query_only << ", \"unexpected\": " << fuzzer.unexpected

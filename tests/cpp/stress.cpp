@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstdio>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -57,8 +58,9 @@ struct Tally {
   std::string first_problem;
   std::mutex mutex;
 
+  static constexpr int64_t kPrinted = 40;  // problems printed as they come (the log shows their spread)
   void problem(const std::string& what) {
-    ++mismatches;
+    if (++mismatches <= kPrinted) std::fprintf(stderr, "stress: mismatch: %s\n", what.c_str());
     const std::lock_guard lock(mutex);
     if (first_problem.empty()) first_problem = what;
   }
@@ -80,10 +82,15 @@ Tally& tally(const std::string& phase) {
   return tallies()[phase];
 }
 
-// Writes every phase's counts when the run ends.
-class JsonReport : public ::testing::Environment {
+// Writes every phase's counts after each test, so that a crash or a hang in one phase leaves the counts of those
+// before it.
+class JsonReport : public ::testing::EmptyTestEventListener {
  public:
-  void TearDown() override {
+  void OnTestEnd(const ::testing::TestInfo&) override { write(); }
+  void OnTestProgramEnd(const ::testing::UnitTest&) override { write(); }
+
+ private:
+  static void write() {
     const char* path = std::getenv("QKSOFTMAX_STRESS_JSON");
     if (path == nullptr) return;
     std::ofstream out(path);
@@ -101,7 +108,10 @@ class JsonReport : public ::testing::Environment {
   }
 };
 
-const auto* const kReport = ::testing::AddGlobalTestEnvironment(new JsonReport);
+const bool kReport = [] {
+  ::testing::UnitTest::GetInstance()->listeners().Append(new JsonReport);
+  return true;
+}();
 
 void expect_clean(Tally& t) {
   EXPECT_EQ(t.mismatches.load(), 0) << t.first_problem;
@@ -327,9 +337,13 @@ struct GpuCase {
     }
     for (size_t v = 0; v < dq.size(); ++v) {
       const Variant variant = kAllVariants[v];
-      const BackwardArgs args =
-          make_backward_args(in.q, in.k, in.dp, variant == Variant::kSavedP ? in.p : std::nullopt,
-                             variant == Variant::kRecomputeLse ? in.lse : std::nullopt, ref.dq.desc(), ref.dk.desc());
+      // References to in's tensors, not copies: `cond ? in.p : std::nullopt` would copy P into a temporary that
+      // dies with the statement, leaving the descriptor pointing at freed memory (every check of the saved-P and
+      // given-LSE variants failed so on the H200).
+      const std::optional<HostTensor> none;
+      const std::optional<HostTensor>& p = variant == Variant::kSavedP ? in.p : none;
+      const std::optional<HostTensor>& lse = variant == Variant::kRecomputeLse ? in.lse : none;
+      const BackwardArgs args = make_backward_args(in.q, in.k, in.dp, p, lse, ref.dq.desc(), ref.dk.desc());
       if (!backward(args, options_of(c, variant), nullptr, 0, nullptr).ok()) return " CPU backward refused";
       for (const auto& [name, got, want] : {std::tuple{"dq", &dq[v], &ref.dq}, {"dk", &dk[v], &ref.dk}}) {
         const std::vector<double> g = got->values(), w = want->values();

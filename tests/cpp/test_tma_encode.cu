@@ -30,18 +30,26 @@ bool gpu_present() {
   return present;
 }
 
-// The tile's memory: on the device where there is one (allocated once, never freed: a test process's lifetime).
-const Element* tile_memory() {
-  static const Element* memory = [] {
-    void* device = nullptr;
-    if (gpu_present() && cudaMalloc(&device, sizeof(host_buffer)) == cudaSuccess) {
-      return static_cast<const Element*>(device);
+// The tile's memory for one test: on the device where there is one (freed with the test, so that memcheck's
+// leak check over the suite finds nothing), else the host buffer.
+class TileMemory {
+ public:
+  TileMemory() {
+    if (gpu_present() && cudaMalloc(&device_, sizeof(host_buffer)) != cudaSuccess) {
+      cudaGetLastError();
+      device_ = nullptr;
     }
-    cudaGetLastError();
-    return static_cast<const Element*>(host_buffer);
-  }();
-  return memory;
-}
+  }
+  ~TileMemory() {
+    if (device_ != nullptr) cudaFree(device_);
+  }
+  TileMemory(const TileMemory&) = delete;
+  TileMemory& operator=(const TileMemory&) = delete;
+  const Element* get() const { return device_ ? static_cast<const Element*>(device_) : host_buffer; }
+
+ private:
+  void* device_ = nullptr;
+};
 
 // Encodes a TMA load of a row-major kRows × kCols tile at `base`; returns what it printed to stderr.
 std::string encode_at(const Element* base) {
@@ -57,7 +65,8 @@ TEST(TmaEncode, AFailureIsReturnedAndNothingIsPrinted) {
 #endif
   const bool gpu = gpu_present();
   ASSERT_TRUE(take_tma_failure("earlier").ok());
-  EXPECT_EQ(encode_at(gpu ? tile_memory() + 1 : tile_memory()), "");
+  const TileMemory tile;
+  EXPECT_EQ(encode_at(gpu ? tile.get() + 1 : tile.get()), "");
   const Status s = take_tma_failure("test kernel");
   EXPECT_EQ(int(s.code()), int(Code::kCudaError));
   EXPECT_EQ(s.message().rfind("test kernel: a TMA descriptor failed to encode (", 0), 0u) << s.message();
@@ -69,7 +78,8 @@ TEST(TmaEncode, AFailureIsReturnedAndNothingIsPrinted) {
 
 TEST(TmaEncode, ADescriptorThatEncodesLeavesNoFailure) {
   if (!gpu_present()) GTEST_SKIP() << "no CUDA GPU: without one every descriptor fails (the test above)";
-  EXPECT_EQ(encode_at(tile_memory()), "");
+  const TileMemory tile;
+  EXPECT_EQ(encode_at(tile.get()), "");
   const Status s = take_tma_failure("test kernel");
   EXPECT_TRUE(s.ok()) << s.message();
 }

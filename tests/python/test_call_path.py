@@ -118,3 +118,44 @@ def test_torch_call_validates_once(device, name, checks_forbidden):
     with counted() as spent:
         call()
     assert spent == {"validations": validations, "conversions": conversions, "pointer_queries": 0}
+
+
+def test_an_op_refuses_a_wrong_rank_naming_the_argument():
+    """The ops take the C++ API's message as it is: q or k without the dimensions p is made of is a ValueError
+    that names it, not an IndexError of the allocation."""
+    torch = pytest.importorskip("torch")
+    q, k = torch.ones(4, 4), torch.ones(1, 1, 4, 4)
+    with pytest.raises(ValueError, match=r"^q: expected rank 4 \(B, Hq, Sq, D\), got rank 2"):
+        torch.ops.qksoftmax.forward(q, k, None, True, "lse")
+    with pytest.raises(ValueError, match=r"^k: expected rank 4 \(B, Hk, Sk, D\), got rank 2"):
+        torch.ops.qksoftmax.forward(k, q, None, True, "lse")
+
+
+def test_plain_eager_tells_what_may_skip_the_ops():
+    """Plain tensors (torch.Tensor, nn.Parameter) outside any mode or transform skip the ops; a subclass, a
+    torch-function or dispatch mode, or vmap does not, and the fused calls then return None without running."""
+    torch = pytest.importorskip("torch")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Sub(torch.Tensor):
+        pass
+
+    q = torch.ones(1, 1, 4, 4)
+    sub = q.as_subclass(Sub)
+    param = torch.nn.Parameter(q.clone())
+    assert _C.plain_eager(q, param) and _C.plain_eager(q, None)
+    assert not _C.plain_eager(q, sub) and not _C.plain_eager(sub, q)
+    with counted() as spent:
+        assert _C.torch_forward(q, sub, None, True, True) is None
+        assert _C.torch_backward(q, q, q, None, sub, None, True, True) is None
+    assert spent["validations"] == 0 and spent["conversions"] == 0
+    with torch.overrides.TorchFunctionMode():
+        assert not _C.plain_eager(q, q)
+        assert _C.torch_forward(q, q, None, True, True) is None
+    with TorchDispatchMode():
+        assert not _C.plain_eager(q, q)
+    seen = []
+    torch.vmap(lambda x: seen.append(_C.plain_eager(x, x)) or x)(q)
+    assert seen == [False]
+    p, lse = _C.torch_forward(q, q, None, True, True)
+    assert p.shape == (1, 1, 4, 4) and lse.shape == (1, 1, 4)

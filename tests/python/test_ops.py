@@ -1,6 +1,7 @@
 """The torch custom ops (torch.ops.qksoftmax) and attention_probs: opcheck, fp64 gradcheck, a model-shaped block
 in eager mode and under torch.compile, the incoming gradient left alone, CUDA-graph capture and replay."""
 
+import contextlib
 import copy
 
 import pytest
@@ -211,32 +212,43 @@ def test_compile_forward_and_backward():
         torch.testing.assert_close(got, expected)
 
 
-# The eager fast path (_ops.plain_eager): plain eager calls skip the ops' dispatcher and must give what the
-# ops give; anything the ops exist for (fake tensors, dispatch modes, double backward) must still reach them.
+# The eager fast path (plain tensors, no mode: _ops.plain_eager and its inline form): plain eager calls skip the
+# ops' dispatcher and must give what the ops give; anything the ops exist for (fake tensors, dispatch modes,
+# double backward) must still reach them.
 
 FAST_GRAD_FN = "_AttentionProbsBackward"
 
 
-def ops_only(monkeypatch) -> None:
-    monkeypatch.setattr(qksoftmax._ops, "plain_eager", lambda *tensors: False)
+class PassThrough(torch.overrides.TorchFunctionMode):
+    """A torch-function mode that changes nothing but sees the calls: under it qksoftmax takes the ops."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if str(func).startswith("qksoftmax."):
+            self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
 
 
 @pytest.mark.parametrize("save", SAVES)
-def test_fast_path_matches_the_ops(device, monkeypatch, save):
+def test_fast_path_matches_the_ops(device, save):
     """Same P, same gradients; bit for bit where the backward is deterministic (the CPU)."""
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     case = Case(2, 4, 2, 40, 40, head_dim(device))
     q, k, dp = tensors(11, dtype, device, case.q_shape, case.k_shape, case.p_shape)
     results = {}
     for path in ("fast", "ops"):
-        if path == "ops":
-            ops_only(monkeypatch)
-        fq, fk = leaves(q, k)
-        p = qksoftmax.attention_probs(fq, fk, save=save)
-        assert (type(p.grad_fn).__name__ == FAST_GRAD_FN) == (path == "fast")
-        grads = torch.autograd.grad(p, (fq, fk), grad_outputs=dp)
-        p_fwd, lse = qksoftmax.forward(q, k)
-        dq, dk = qksoftmax.backward(q, k, dp, lse=lse)
+        with PassThrough() if path == "ops" else contextlib.nullcontext() as mode:
+            fq, fk = leaves(q, k)
+            p = qksoftmax.attention_probs(fq, fk, save=save)
+            assert (type(p.grad_fn).__name__ == FAST_GRAD_FN) == (path == "fast")
+            grads = torch.autograd.grad(p, (fq, fk), grad_outputs=dp)
+            p_fwd, lse = qksoftmax.forward(q, k)
+            dq, dk = qksoftmax.backward(q, k, dp, lse=lse)
+        if mode is not None:
+            assert mode.ops[-2:] == ["qksoftmax.forward", "qksoftmax.backward_recompute"]
         results[path] = [p, *grads, p_fwd, lse, dq, dk]
     exact = device == "cpu"
     for fast, ops in zip(results["fast"], results["ops"]):

@@ -24,6 +24,7 @@
 
 #include "cuda/generic_config.h"
 #include "cuda/sm90_config.h"
+#include "cuda/sm90/trace.h"
 #include "cuda/sm90_instances.h"
 #include "problem.h"
 
@@ -78,6 +79,12 @@ struct BwdConfig {
   static_assert(kPieceValues % 4 == 0, "a piece is whole float4 pushes");
   static constexpr int kBuffers = 2;  // exchange buffers, by step parity
 
+  // Where sender s keeps row r of its statistics: rows permuted within aligned blocks of 8 by 2 (s mod 4), so
+  // that a sender's push of eight consecutive rows stays one contiguous 128-byte block in the receiver, and the
+  // eight lanes of a quarter-warp in the combine (rows r and r + 1, r even; lane q reading sender q + 4k) read
+  // eight distinct 16-byte bank groups.
+  static CUTE_HOST_DEVICE constexpr int stats_row(int s, int row) { return row ^ (2 * (s & 3)); }
+
   // Shared-memory position of chunk u (an involution: the chunk at position p is pos(p)).
   static CUTE_HOST_DEVICE constexpr int pos(int u) { return 2 * (u % 2) + u / 2; }
 
@@ -126,6 +133,7 @@ struct BwdConfig {
   using StagePipeline = cutlass::PipelineTmaAsync<kStages>;
   using KPipeline = cutlass::PipelineTmaAsync<1>;
   using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+  using Trace = NoTrace;  // the step micro-benchmark's configs time the phases (trace.h)
   using Barrier = cutlass::arch::ClusterBarrier;
 
   struct Storage {
@@ -133,15 +141,14 @@ struct BwdConfig {
     alignas(1024) cute::array<Element, cosize_v<SmemLayoutP>> dp;  // dS overwrites dP once it is read
     alignas(1024) cute::array<Element, kSavedP ? cosize_v<SmemLayoutP> : 1> p;
     alignas(1024) cute::array<Element, cosize_v<SmemLayoutK>> k;
-    // Row statistics pushed by every consumer of the cluster, slot 2 · rank + w: (max·log2e, Σ 2^(S' − max),
-    // Σ 2^(S' − max)·dP, 0) per row.
+    // Row statistics pushed by every consumer of the cluster, (max·log2e, Σ 2^(S' − max), Σ 2^(S' − max)·dP, 0)
+    // per row: sender s = 2 · rank + w, row r at [s][stats_row(s, r)].
     alignas(16) float4 stats[kBuffers][kConsumers * kMaxCluster][kBlockM];
     // dQ pieces pushed to this CTA: slot (sender, owned piece) in the sender's fragment order.
     alignas(16) float4 dq[kBuffers][kPieces][kPieceVectors][kWarpgroupThreads];
     typename StagePipeline::SharedStorage stage_pipe;
     typename KPipeline::SharedStorage k_pipe;
     alignas(8) uint64_t stats_full[kBuffers];
-    alignas(8) uint64_t stats_empty[kBuffers];
     alignas(8) uint64_t dq_full[kBuffers];
     alignas(8) uint64_t dq_empty[kBuffers];
   };

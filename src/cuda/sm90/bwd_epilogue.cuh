@@ -7,6 +7,7 @@
 #include "cuda/sm90/bwd_config.h"
 #include "cuda/sm90/cluster_exchange.cuh"
 #include "cuda/sm90/tile_scheduler.h"
+#include "cuda/sm90/trace.h"
 
 namespace qksoftmax::cuda::sm90 {
 
@@ -29,6 +30,7 @@ struct BwdDqReducer {
     constexpr int kSlotVectors = Cfg::kPieceVectors * kThreads;
     const int outputs = owned * kSlotVectors;
     const ItemSteps<Cfg::kBlockM> steps(prob);
+    typename Cfg::Trace trace(TraceRole::kReducer, rtid < 32);
 
     int64_t g = 0;
     PersistentScheduler sched(params.work, params.heads, prob.Hk, ctas);
@@ -40,14 +42,17 @@ struct BwdDqReducer {
         const DqRows<Cfg> rows(params, item.b, h, m0, 0);
         const uint32_t slots = smem_addr(&st.dq[buf][0][0][0]);
         Cfg::TxBarrier::wait(&st.dq_full[buf], uint32_t((g >> 1) & 1));
+        trace.mark(TracePhase::kDqFullWait);
         for (int i = rtid; i < outputs; i += Cfg::kReducerThreads) {
           const int k = i / kSlotVectors;          // owned piece
           const int v = (i / kThreads) % Cfg::kPieceVectors;
           const int sender = i % kThreads;        // the consumer thread that pushed it
           const int p = cta + (k << log2_ctas);    // its piece of dQ
+          // Slot (c, k) of each sender c, in rank order; unrolled, so that the loads need not wait on the adds.
           float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-          for (int c = 0; c < ctas; ++c) {
-            sum = add_f4(sum, load_shared_f4(slots + uint32_t(c * owned * kSlotVectors + i) * sizeof(float4)));  // slot (c, k)
+          CUTE_UNROLL
+          for (int c = 0; c < Cfg::kMaxCluster; ++c) {
+            if (c < ctas) sum = add_f4(sum, load_shared_f4(slots + uint32_t(c * owned * kSlotVectors + i) * sizeof(float4)));
           }
           // Piece p is values [8 (p mod 4), +8) of consumer ⌊p / 4⌋'s accumulator, whose columns start at 64 ⌊p / 4⌋.
           const int consumer = p / Cfg::kPiecesPerConsumer;
@@ -58,6 +63,7 @@ struct BwdDqReducer {
         }
         __syncwarp();  // the slots are read (their values stored): lane c frees them in CTA c
         Cfg::Barrier::arrive(&st.dq_empty[buf], uint32_t(lane), lane < ctas);
+        trace.mark(TracePhase::kReduce);
       }
     }
   }

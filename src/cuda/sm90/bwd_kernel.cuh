@@ -17,8 +17,8 @@ template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(CUTE_GRID_CONSTANT const typename Cfg::Params params) {
   using StagePipeline = typename Cfg::StagePipeline;
   using KPipeline = typename Cfg::KPipeline;
-  extern __shared__ __align__(128) char smem_raw[];
-  auto& st = *reinterpret_cast<typename Cfg::Storage*>(smem_raw);
+  extern __shared__ __align__(1024) char bwd_smem[];  // the swizzled tiles need a 1024-byte-aligned base
+  auto& st = *reinterpret_cast<typename Cfg::Storage*>(bwd_smem);
 
   const int warpgroup = cutlass::canonical_warp_group_idx();
   const int cluster = params.cluster;
@@ -45,7 +45,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(CUTE_GRID_CONSTAN
   if (leader) {
     for (int b = 0; b < Cfg::kBuffers; ++b) {
       Cfg::TxBarrier::init(&st.stats_full[b], 1);
-      Cfg::Barrier::init(&st.stats_empty[b], Cfg::kConsumers * Cfg::kWarpsPerWarpgroup * cluster);  // each consumer warp of each CTA
       Cfg::TxBarrier::init(&st.dq_full[b], 1);
       Cfg::Barrier::init(&st.dq_empty[b], Cfg::kReducerWarps * cluster);  // each reducer warp of each owner
     }

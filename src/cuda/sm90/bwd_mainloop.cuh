@@ -16,6 +16,7 @@
 #include "cuda/sm90/cluster_exchange.cuh"
 #include "cuda/sm90/mask.h"
 #include "cuda/sm90/tile_scheduler.h"
+#include "cuda/sm90/trace.h"
 
 namespace qksoftmax::cuda::sm90 {
 
@@ -94,6 +95,7 @@ struct BwdMainloop {
   __device__ void run(StagePipeline& stage_pipe, KPipeline& k_pipe, const Mask& mask) {
     const Problem& prob = params.prob;
     const int tid = threadIdx.x % kThreads;
+    typename Cfg::Trace trace(w == 0 ? TraceRole::kConsumer0 : TraceRole::kConsumer1, tid < 32);
     const int lane = tid % 32;
     const int cluster = params.cluster;
     const uint32_t rank = uint32_t(mask.rank);
@@ -170,17 +172,24 @@ struct BwdMainloop {
     const uint32_t stats_bytes = uint32_t(cluster) * Cfg::kStatsPushBytes;
     const uint32_t sender = 2 * rank + uint32_t(w);
 
+    // wgmma descriptors of stage 0, made once: a stage's are these advanced by its offset (in the descriptor's
+    // 16-byte units), K's are the same for every step.
+    constexpr uint32_t kQStageDesc = Cfg::kQBytes / 16, kPStageDesc = kStageBytes / 16;
+    const Tensor tSrQ0 = thr_s_chunk.partition_fragment_A(sQ(_, _, 0));  // (MMA, 1, D/16) descriptors
+    const Tensor tSrK0 = thr_s_chunk.partition_fragment_B(local_tile(sK, Shape<CK, HD>{}, make_coord(2 * w, 0)));
+    const Tensor tSrK1 = thr_s_chunk.partition_fragment_B(local_tile(sK, Shape<CK, HD>{}, make_coord(2 * w + 1, 0)));
+
     // S of a step over this consumer's live chunks into tSrS, one wgmma batch (empty when none is live).
     const auto issue_s = [&](const StepView& v, FragS& tSrS) {
       warpgroup_fence_operand(tSrS);
       warpgroup_arrive();
-      Tensor tSrQ = thr_s_chunk.partition_fragment_A(sQ(_, _, v.stage));  // (MMA, 1, D/16) descriptors
-      constexpr int kBlocks = size<2>(decltype(tSrQ.layout()){});
+      const Tensor tSrQ = make_tensor(tSrQ0.data() + uint32_t(v.stage) * kQStageDesc, tSrQ0.layout());
+      constexpr int kBlocks = size<2>(decltype(tSrQ0.layout()){});
       CUTE_UNROLL
       for (int j = 0; j < 2; ++j) {
         if (!v.has(w, j)) continue;
         Tensor acc = make_tensor(tSrS.data() + j * size(FragSChunk{}), FragSChunk{}.layout());
-        Tensor tSrK = thr_s_chunk.partition_fragment_B(local_tile(sK, Shape<CK, HD>{}, make_coord(2 * w + j, 0)));
+        const auto& tSrK = j == 0 ? tSrK0 : tSrK1;
         mma_s.accumulate_ = GMMA::ScaleOut::Zero;
         CUTE_UNROLL
         for (int kb = 0; kb < kBlocks; ++kb) {
@@ -225,55 +234,85 @@ struct BwdMainloop {
         load_matrix(addr, tSrdP_cp(make_coord(_, a), 0, 0));
         if constexpr (kSavedP) load_matrix(addr + p_delta, tSrP_cp(make_coord(_, a), 0, 0));
       }
+      // Both rows of the thread in lockstep (no branch between them), so that their chains of shuffles and
+      // exponentials overlap.
       float4 part[kRows];
       with_mask(v.masked, [&](auto is_masked) {
-        CUTE_UNROLL
-        for (int ri = 0; ri < kRows; ++ri) {
-          Lanes<kReduceLanes> m(-INFINITY), sum(0.0f), dot(0.0f);
-          float mx = 0.0f;
-          if constexpr (kSavedP) {
+        float mx[kRows];  // this consumer's row max (·log2e): the exponentials' base without a given LSE
+        if constexpr (kSavedP) {
+          CUTE_UNROLL
+          for (int ri = 0; ri < kRows; ++ri) {
+            mx[ri] = 0.0f;
             for_each_live(v, is_masked, ri, [&](int ci, bool keep) {
               tSrE_rc(ri, ci) = keep ? float(tSrP_rc(ri, ci)) : 0.0f;
             });
-          } else if (lse_given) {
-            const int64_t i = v.m0 + get<0>(tScS_rc(ri, 0));
-            const float lse2 =
-                i < prob.Sq ? static_cast<const float*>(lse_op.ptr)[lse_op.offset(item.b, v.h, i)] * kLog2e : 0.0f;
-            for_each_live(v, is_masked, ri, [&](int ci, bool keep) {
-              tSrE_rc(ri, ci) = keep ? exp2_fast(tSrS_rc(ri, ci) * scale_log2 - lse2) : 0.0f;
-            });
-          } else {
-            for_each_live(v, is_masked, ri, [&](int ci, bool keep) {
-              m.max(ci, keep ? tSrS_rc(ri, ci) * scale_log2 : -INFINITY);
-            });
-            mx = quad_max<kQuad>(m.max());
-            const float base = mx == -INFINITY ? 0.0f : mx;
-            for_each_live(v, is_masked, ri, [&](int ci, bool keep) {
-              tSrE_rc(ri, ci) = keep ? exp2_fast(tSrS_rc(ri, ci) * scale_log2 - base) : 0.0f;
-            });
           }
-          for_each_live(v, is_masked, ri, [&](int ci, bool keep) {
-            sum.add(ci, tSrE_rc(ri, ci));
-            dot.add(ci, keep ? tSrE_rc(ri, ci) * float(tSrdP_rc(ri, ci)) : 0.0f);
-          });
-          const float d = quad_sum<kQuad>(dot.sum());
-          if (kSavedP || lse_given) {
-            part[ri] = make_float4(0.0f, 0.0f, d, 0.0f);
-            mloc[ri] = 0.0f;
+        } else {
+          float base[kRows];
+          if (lse_given) {
+            CUTE_UNROLL
+            for (int ri = 0; ri < kRows; ++ri) {
+              const int64_t i = v.m0 + get<0>(tScS_rc(ri, 0));
+              mx[ri] = 0.0f;
+              base[ri] = i < prob.Sq ? static_cast<const float*>(lse_op.ptr)[lse_op.offset(item.b, v.h, i)] * kLog2e : 0.0f;
+            }
           } else {
-            part[ri] = make_float4(mx, quad_sum<kQuad>(sum.sum()), d, 0.0f);
-            mloc[ri] = mx;
+            CUTE_UNROLL
+            for (int ri = 0; ri < kRows; ++ri) {
+              Lanes<kReduceLanes> m(-INFINITY);
+              for_each_live(v, is_masked, ri, [&](int ci, bool keep) {
+                m.max(ci, keep ? tSrS_rc(ri, ci) * scale_log2 : -INFINITY);
+              });
+              mx[ri] = m.max();
+            }
+            CUTE_UNROLL
+            for (int ri = 0; ri < kRows; ++ri) {
+              mx[ri] = quad_max<kQuad>(mx[ri]);
+              base[ri] = mx[ri] == -INFINITY ? 0.0f : mx[ri];
+            }
+          }
+          CUTE_UNROLL
+          for (int ri = 0; ri < kRows; ++ri) {
+            for_each_live(v, is_masked, ri, [&](int ci, bool keep) {
+              tSrE_rc(ri, ci) = keep ? exp2_fast(tSrS_rc(ri, ci) * scale_log2 - base[ri]) : 0.0f;
+            });
           }
         }
+        float sum[kRows], dot[kRows];
+        CUTE_UNROLL
+        for (int ri = 0; ri < kRows; ++ri) {
+          Lanes<kReduceLanes> s(0.0f), d(0.0f);
+          for_each_live(v, is_masked, ri, [&](int ci, bool keep) {
+            s.add(ci, tSrE_rc(ri, ci));
+            d.add(ci, keep ? tSrE_rc(ri, ci) * float(tSrdP_rc(ri, ci)) : 0.0f);
+          });
+          sum[ri] = s.sum();
+          dot[ri] = d.sum();
+        }
+        CUTE_UNROLL
+        for (int ri = 0; ri < kRows; ++ri) {
+          sum[ri] = quad_sum<kQuad>(sum[ri]);
+          dot[ri] = quad_sum<kQuad>(dot[ri]);
+        }
+        const bool base_given = kSavedP || lse_given;  // only Σ P·dP is exchanged
+        CUTE_UNROLL
+        for (int ri = 0; ri < kRows; ++ri) {
+          part[ri] = base_given ? make_float4(0.0f, 0.0f, dot[ri], 0.0f) : make_float4(mx[ri], sum[ri], dot[ri], 0.0f);
+          mloc[ri] = base_given ? 0.0f : mx[ri];
+        }
       });
+      trace.mark(TracePhase::kFront);
       // To every CTA (lane q of a quad to CTAs q, q + 4), slot `sender`; a CTA alone writes its own memory.
+      // No receiver's slot is awaited: this step's buffer was last read in the combine two steps back, and every
+      // consumer of every CTA did that before it pushed the partials of the previous step, all of which this
+      // consumer has received (its combine of that step waited for them) before it gets here.
       const int buf = int(g & 1);
       if (cluster > 1) {
-        if (g >= Cfg::kBuffers) Cfg::Barrier::wait(&st.stats_empty[buf], uint32_t(((g >> 1) - 1) & 1));
         const uint32_t full = smem_addr(&st.stats_full[buf]);
         CUTE_UNROLL
         for (int ri = 0; ri < kRows; ++ri) {
-          const uint32_t slot = smem_addr(&st.stats[buf][sender][get<0>(tScS_rc(ri, 0))]);
+          const int row = get<0>(tScS_rc(ri, 0));
+          const uint32_t slot = smem_addr(&st.stats[buf][sender][Cfg::stats_row(sender, row)]);
           CUTE_UNROLL
           for (int j = 0; j < Cfg::kMaxCluster / kQuad; ++j) {
             const int c = lane % kQuad + kQuad * j;
@@ -283,8 +322,12 @@ struct BwdMainloop {
         if (w == 0 && tid == 0) Cfg::TxBarrier::arrive_and_expect_tx(&st.stats_full[buf], stats_bytes);
       } else if (lane % kQuad == 0) {
         CUTE_UNROLL
-        for (int ri = 0; ri < kRows; ++ri) st.stats[buf][sender][get<0>(tScS_rc(ri, 0))] = part[ri];
+        for (int ri = 0; ri < kRows; ++ri) {
+          const int row = get<0>(tScS_rc(ri, 0));
+          st.stats[buf][sender][Cfg::stats_row(sender, row)] = part[ri];
+        }
       }
+      trace.mark(TracePhase::kPushStats);
     };
 
     // back, first part: the cluster's statistics, dS into registers and over this consumer's dP tile.
@@ -296,50 +339,71 @@ struct BwdMainloop {
       } else {
         cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kStatsBarrier);
       }
-      // The partials of a row are split over the quad that holds it: lane q combines senders q, q + 4, …
+      trace.mark(TracePhase::kStatsWait);
+      // The partials of a row are split over the quad that holds it: lane q combines senders q, q + 4, … Both
+      // rows in lockstep, their loads first.
       float factor[kRows], delta[kRows];
       constexpr int kPerLane = 2 * Cfg::kMaxCluster / kQuad;
       const int q = lane % kQuad;
+      float4 x[kRows][kPerLane];
       CUTE_UNROLL
       for (int ri = 0; ri < kRows; ++ri) {
-        const uint32_t slots = smem_addr(&st.stats[buf][q][get<0>(tScS_rc(ri, 0))]);
-        constexpr uint32_t kStride = kQuad * kBlockM * sizeof(float4);  // between a lane's senders
-        float4 x[kPerLane];
+        const int row = get<0>(tScS_rc(ri, 0));
         CUTE_UNROLL
         for (int k = 0; k < kPerLane; ++k) {
-          x[k] = q + kQuad * k < senders ? load_shared_f4(slots + uint32_t(k) * kStride)
-                                         : make_float4(-INFINITY, 0.0f, 0.0f, 0.0f);
+          const int s = q + kQuad * k;
+          x[ri][k] = s < senders ? load_shared_f4(smem_addr(&st.stats[buf][s][Cfg::stats_row(s, row)]))
+                                 : make_float4(-INFINITY, 0.0f, 0.0f, 0.0f);
         }
-        if (kSavedP || lse_given) {
+      }
+      if (kSavedP || lse_given) {
+        CUTE_UNROLL
+        for (int ri = 0; ri < kRows; ++ri) {
           float d = 0.0f;
           CUTE_UNROLL
-          for (int k = 0; k < kPerLane; ++k) d += x[k].z;
+          for (int k = 0; k < kPerLane; ++k) d += x[ri][k].z;
+          delta[ri] = d;
+        }
+        CUTE_UNROLL
+        for (int ri = 0; ri < kRows; ++ri) {
           factor[ri] = 1.0f;
-          delta[ri] = quad_sum<kQuad>(d);
-          continue;
+          delta[ri] = quad_sum<kQuad>(delta[ri]);
         }
-        float mx = -INFINITY;
+      } else {
+        float base[kRows], sum[kRows], dot[kRows];
         CUTE_UNROLL
-        for (int k = 0; k < kPerLane; ++k) mx = fmaxf(mx, x[k].x);
-        mx = quad_max<kQuad>(mx);
-        const float base = mx == -INFINITY ? 0.0f : mx;
-        float sum = 0.0f, dot = 0.0f;
-        CUTE_UNROLL
-        for (int k = 0; k < kPerLane; ++k) {
-          const float e = exp2_fast(x[k].x - base);  // an empty partial (−inf) weighs 0
-          sum += x[k].y * e;
-          dot += x[k].z * e;
+        for (int ri = 0; ri < kRows; ++ri) {
+          float mx = -INFINITY;
+          CUTE_UNROLL
+          for (int k = 0; k < kPerLane; ++k) mx = fmaxf(mx, x[ri][k].x);
+          base[ri] = mx;
         }
-        sum = quad_sum<kQuad>(sum);
-        dot = quad_sum<kQuad>(dot);
-        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-        factor[ri] = mloc[ri] == -INFINITY ? 0.0f : exp2_fast(mloc[ri] - base) * inv;
-        delta[ri] = dot * inv;
+        CUTE_UNROLL
+        for (int ri = 0; ri < kRows; ++ri) {
+          base[ri] = quad_max<kQuad>(base[ri]);
+          base[ri] = base[ri] == -INFINITY ? 0.0f : base[ri];
+          sum[ri] = 0.0f;
+          dot[ri] = 0.0f;
+          CUTE_UNROLL
+          for (int k = 0; k < kPerLane; ++k) {
+            const float e = exp2_fast(x[ri][k].x - base[ri]);  // an empty partial (−inf) weighs 0
+            sum[ri] += x[ri][k].y * e;
+            dot[ri] += x[ri][k].z * e;
+          }
+        }
+        CUTE_UNROLL
+        for (int ri = 0; ri < kRows; ++ri) {
+          sum[ri] = quad_sum<kQuad>(sum[ri]);
+          dot[ri] = quad_sum<kQuad>(dot[ri]);
+        }
+        CUTE_UNROLL
+        for (int ri = 0; ri < kRows; ++ri) {
+          const float inv = sum[ri] > 0.0f ? rcp_fast(sum[ri]) : 0.0f;
+          factor[ri] = mloc[ri] == -INFINITY ? 0.0f : exp2_fast(mloc[ri] - base[ri]) * inv;
+          delta[ri] = dot[ri] * inv;
+        }
       }
-      if (cluster > 1) {  // the slots are read: each warp frees them in every CTA, lane c in CTA c
-        __syncwarp();
-        Cfg::Barrier::arrive(&st.stats_empty[buf], uint32_t(lane), lane < cluster);
-      }
+      trace.mark(TracePhase::kCombine);
       if (!v.has(w, 0)) return;  // no key of this consumer is live: its tile is read by nothing
       FragS16 tSrdS;                                                        // (MMA, 1, 1)
       Tensor tSrdS_rc = make_tensor(tSrdS.data(), rowcol(tSrdS.layout()));  // (rows, cols)
@@ -374,11 +438,15 @@ struct BwdMainloop {
       }
     };
 
+    const Tensor tdKrA0 = thr_dk.partition_fragment_A(local_tile(sdSt(_, _, 0), Shape<HF, BM>{}, make_coord(w, 0)));  // (MMA, 1, BM/16)
+    const Tensor tdKrB0 = thr_dk.partition_fragment_B(sQt(_, _, 0));    // (MMA, 1, BM/16) descriptors
+    const Tensor tdQrdS0 = thr_dq.partition_fragment_A(sdP(_, _, 0));   // (MMA, 1, BN/16) descriptors
+
     // back, second part: dK += dSᵀ Q over this consumer's keys and dQ = dS K over the live positions, one batch.
     const auto issue_dk_dq = [&](const StepView& v, FragdQ& tdQrdQ) {
-      Tensor tdKrA = thr_dk.partition_fragment_A(local_tile(sdSt(_, _, v.stage), Shape<HF, BM>{}, make_coord(w, 0)));  // (MMA, 1, BM/16)
-      Tensor tdKrB = thr_dk.partition_fragment_B(sQt(_, _, v.stage));  // (MMA, 1, BM/16) descriptors
-      Tensor tdQrdS = thr_dq.partition_fragment_A(sdP(_, _, v.stage));  // (MMA, 1, BN/16) descriptors
+      const Tensor tdKrA = make_tensor(tdKrA0.data() + uint32_t(v.stage) * kPStageDesc, tdKrA0.layout());
+      const Tensor tdKrB = make_tensor(tdKrB0.data() + uint32_t(v.stage) * kQStageDesc, tdKrB0.layout());
+      const Tensor tdQrdS = make_tensor(tdQrdS0.data() + uint32_t(v.stage) * kPStageDesc, tdQrdS0.layout());
       // No operand fence before the batch: S of the next step is in flight, and a fence reads the registers it
       // names. Nothing but wgmma touches these accumulators until the wait.
       warpgroup_arrive();
@@ -416,6 +484,7 @@ struct BwdMainloop {
       if (cluster > 1) {
         const int buf = int(g & 1);
         if (g >= Cfg::kBuffers) Cfg::Barrier::wait(&st.dq_empty[buf], uint32_t(((g >> 1) - 1) & 1));
+        trace.mark(TracePhase::kDqEmpty);
         const int log2_ctas = mask.log2_cluster;
         const uint32_t full = smem_addr(&st.dq_full[buf]);
         constexpr uint32_t kVectorBytes = kThreads * sizeof(float4);  // between a slot's vectors
@@ -448,44 +517,53 @@ struct BwdMainloop {
       k_pipe.consumer_wait(k_state);
       clear(tdKrdK);
       mma_dk.accumulate_ = GMMA::ScaleOut::One;
-      StepView v = first(steps, item, g0, mask);
-      {
-        stage_pipe.consumer_wait(state_of<StagePipeline>(g0));
-        FragS tSrS;  // (MMA, 1, 1) fp32
-        if constexpr (!kSavedP) {
-          issue_s(v, tSrS);
-          warpgroup_wait<0>();
-          warpgroup_fence_operand(tSrS);
-        }
-        front(item, v, g0, tSrS);
-      }
-      for (int t = 0; t < steps.count; ++t) {
+      trace.mark(TracePhase::kItem);
+      // Step t's back half and step t + 1's front half per turn, from t = −1 (a front half alone: one copy of the
+      // front half's code, for the instruction cache). The S batch and the dK/dQ batch are committed on every turn,
+      // empty where there is nothing to compute, and waited unconditionally: ptxas does not relate two branches on
+      // one condition, and a wait it cannot match to its batch makes it serialise every wgmma of the kernel.
+      StepView v{};  // step t (before the first: nothing live)
+      v.live = 0;
+      StepView vn = first(steps, item, g0, mask);  // step t + 1
+      for (int t = -1; t < steps.count; ++t) {
         const int64_t g = g0 + t;
         const bool ahead = t + 1 < steps.count;
-        StepView vn = next(v, mask);
         if (!ahead) vn.live = 0;
-        // S of step t + 1, in flight during back(t). Its batch is committed on every step (empty after the
-        // last one) and waited unconditionally: ptxas does not relate two branches on `ahead`, and a wait it
-        // cannot match to its batch makes it serialise every wgmma of the kernel.
-        FragS tSrS;  // (MMA, 1, 1) fp32
-        if (ahead) stage_pipe.consumer_wait(state_of<StagePipeline>(g + 1));
+        FragS tSrS;  // (MMA, 1, 1) fp32: S of step t + 1, in flight during back(t)
+        // Step t + 1's tiles: before its S product in recompute; in saved-P only before its front half, so that
+        // their loads have back(t) to arrive in (two stages of Q, dP and P fit, not three).
+        if (!kSavedP && ahead) stage_pipe.consumer_wait(state_of<StagePipeline>(g + 1));
+        trace.mark(TracePhase::kStageWait);
         if constexpr (!kSavedP) issue_s(vn, tSrS);
-        back_ds(v, g);
-        cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
-        cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kDsBarrier);
+        trace.mark(TracePhase::kIssueS);
+        if (t >= 0) {
+          back_ds(v, g);
+          trace.mark(TracePhase::kDs);
+          cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
+          cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kDsBarrier);
+          trace.mark(TracePhase::kDsBarrier);
+        }
         issue_dk_dq(v, tdQrdQ);
+        trace.mark(TracePhase::kIssueDkDq);
+        if (kSavedP && ahead) stage_pipe.consumer_wait(state_of<StagePipeline>(g + 1));
         if constexpr (!kSavedP) {
           warpgroup_wait<1>();  // S of step t + 1 (batches complete in order)
           warpgroup_fence_operand(tSrS);
         }
+        trace.mark(TracePhase::kWaitS);
         if (ahead) front(item, vn, g + 1, tSrS);
         warpgroup_wait<0>();
         warpgroup_fence_operand(tdKrdK);
         warpgroup_fence_operand(tdQrdQ);
-        stage_pipe.consumer_release(state_of<StagePipeline>(g));
-        if (v.live == 0) clear(tdQrdQ);  // no product wrote it (no wgmma is in flight here)
-        send_dq(item, v, g, tdQrdQ);
+        trace.mark(TracePhase::kWaitDkDq);
+        if (t >= 0) {
+          stage_pipe.consumer_release(state_of<StagePipeline>(g));
+          if (v.live == 0) clear(tdQrdQ);  // no product wrote it (no wgmma is in flight here)
+          send_dq(item, v, g, tdQrdQ);
+        }
+        trace.mark(TracePhase::kSendDq);
         v = vn;
+        vn = next(vn, mask);
       }
       k_pipe.consumer_release(k_state);
       ++k_state;

@@ -7,6 +7,7 @@
 #include "cuda/sm90/bwd_config.h"
 #include "cuda/sm90/mask.h"
 #include "cuda/sm90/tile_scheduler.h"
+#include "cuda/sm90/trace.h"
 
 namespace qksoftmax::cuda::sm90 {
 
@@ -27,6 +28,7 @@ struct BwdProducer {
     const Problem& prob = params.prob;
     const auto& tma = params.tma;
     const ItemSteps<Cfg::kBlockM> steps(prob);
+    typename Cfg::Trace trace(TraceRole::kProducer, true);
 
     Tensor sQ = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQ{});   // (BM, D, ST)
     Tensor sK = make_tensor(make_smem_ptr(st.k.data()), typename Cfg::SmemLayoutK{});   // (BN, D)
@@ -58,6 +60,7 @@ struct BwdProducer {
         const int mb = steps.row_block(t);
         const int live = mask.live(steps.row0(t));
         stage_pipe.producer_acquire(stage_state);  // expects the Q tile's bytes
+        trace.mark(TracePhase::kAcquire);
         if (live > 0) {
           stage_pipe.producer_expect_transaction(stage_state, uint32_t(live) * Cfg::kPChunkBytes * (Cfg::kSavedP ? 2 : 1));
         }
@@ -80,6 +83,7 @@ struct BwdProducer {
           }
         }
         ++stage_state;
+        trace.mark(TracePhase::kIssueLoads);
       }
     }
   }

@@ -67,6 +67,10 @@ AB_CUDA_FLAGS=${AB_CUDA_FLAGS:-}
 # stage revs: the trees of scripts/export-revs.sh, each built (bench only) and benched with BENCH_ARGS into
 # $OUT/rev-<name>-<round>.json, REVS_ROUNDS rounds in turns (A B A B: drift of the machine shows as such).
 REVS_ROUNDS=${REVS_ROUNDS:-2}
+# REVS_STEP=1: each tree's step micro-benchmark too (STEP_ARGS), after its bench in every round.
+REVS_STEP=${REVS_STEP:-0}
+BENCH_TARGETS="qksoftmax-bench"
+[ "$REVS_STEP" = 1 ] && BENCH_TARGETS="qksoftmax-bench qksoftmax-step"
 PEER_ARGS=${PEER_ARGS:-"--suite seed16 --dtype bf16 --impl eager,compile,autograd,eager_fwd,compile_fwd,eager_fwd_bwd,compile_fwd_bwd,qksoftmax_fwd_bwd,qksoftmax_p_fwd_bwd"}
 BUILD=build/gpu
 LOGS=$OUT/logs
@@ -104,7 +108,7 @@ build_bench() {
   local name=$1 src=$2 dir=$3; shift 3
   run_logged "$name-configure" cmake -S "$src" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DQKSOFTMAX_BUILD_TESTS=OFF -DQKSOFTMAX_BUILD_BENCH=ON -DQKSOFTMAX_BUILD_PYTHON=OFF $CMAKE_ARGS "$@" &&
-    run_logged "$name-build" cmake --build "$dir" -j "$(nproc)" --target qksoftmax-bench
+    run_logged "$name-build" cmake --build "$dir" -j "$(nproc)" --target $BENCH_TARGETS
 }
 
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.limit --format=csv; nvcc --version | tail -1;
@@ -197,6 +201,15 @@ if has_stage revs; then
         record "rev $round" ok "$name ($(cat "build/revs/$name/REVISION" 2>/dev/null)): $means"
       else
         record "rev $round" FAIL "$name: see logs/rev-$name-$round.log"
+      fi
+      if [ "$REVS_STEP" = 1 ]; then
+        if run_logged "rev-$name-step-$round" "build/gpu-rev-$name/bench/qksoftmax-step" $STEP_ARGS \
+              "$OUT/rev-$name-step-$round.json"; then
+          record "step $round" ok "$name: $(grep -E '^recompute +8 |^saved_p +8 ' "$LOGS/rev-$name-step-$round.log" |
+                                            awk '{print $1 " C=8 " $4 " us"}' | paste -sd' ')"
+        else
+          record "step $round" FAIL "$name: see logs/rev-$name-step-$round.log"
+        fi
       fi
     done
   done

@@ -70,7 +70,8 @@ Status make_plan(const Args& args, const Options& options, std::unique_ptr<const
   if (state->problem.device == Device::kCUDA) {
     if (Status s = cuda::locate(&state->problem); !s.ok()) return s;
   }
-  state->workspace = required_workspace(state->problem);
+  // The plan knows where the tensors live: the workspace of the kernel that runs them.
+  state->workspace = state->problem.device == Device::kCUDA ? cuda::plan_workspace_size(state->problem) : 0;
   *out = std::move(state);
   return {};
 }

@@ -99,7 +99,9 @@ inline constexpr size_t kWorkspaceAlignment = 256;
 
 // One call, validated once: made by plan_forward or plan_backward from the call's arguments (every check that
 // forward and backward make, and the device the tensors are on), it knows the workspace the call needs and
-// runs it without validating again. A plan holds the tensors' pointers, not their memory: run it while they
+// runs it without validating again. Knowing where the tensors live, and so which kernel runs, its
+// workspace_bytes is what that kernel needs: at most what the size query says, 0 for a call whose kernel
+// needs none (the single-pass Hopper backward). A plan holds the tensors' pointers, not their memory: run it while they
 // are alive. run may be called more than once, from any thread; each run launches the whole call again.
 class Plan {
  public:

@@ -29,8 +29,10 @@ class DeviceScope {
   bool changed_ = false;
 };
 
-// Workspace bytes the problem needs (a multiple of kWorkspaceAlignment; 0 when none).
+// Workspace bytes the problem needs whatever its pointers (a multiple of kWorkspaceAlignment; 0 when none).
 size_t workspace_size(const Problem& problem);
+// Workspace bytes the kernel that runs a located problem needs: at most workspace_size(problem).
+size_t plan_workspace_size(const Problem& problem);
 
 // Runs a located problem on the current device (inside a DeviceScope of its device). Returns kUnsupported
 // (having launched nothing) for a device, head dimension or dtype that no kernel covers; kCudaError if a

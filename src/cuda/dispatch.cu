@@ -72,6 +72,12 @@ size_t workspace_size(const Problem& prob) {
   return GenericWorkspace::of(prob).bytes(prob) + (sm90_shape(prob) ? dq_accum_bytes(prob) : 0);
 }
 
+size_t plan_workspace_size(const Problem& prob) {
+  // The single-pass backward (run's choice for these, whatever else it finds) keeps everything on chip.
+  if (sm90_tma_ready(prob) && sm90_single_pass_fits(prob)) return 0;
+  return workspace_size(prob);
+}
+
 Status run(const Problem& prob, void* workspace, CUstream_st* stream) {
   const DeviceInfo* device = nullptr;
   if (Status s = device_info(prob.device_index, &device); !s.ok()) return s;

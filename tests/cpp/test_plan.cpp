@@ -227,6 +227,34 @@ TEST_F(GpuPlan, DeclaredDevicesAskTheDriverNothing) {
   EXPECT_EQ(pointer_queries(), before);
 }
 
+// A plan asks for the workspace of the kernel that runs it: none for the single-pass Hopper backward (TMA-ready
+// 16-bit tensors, D = 128, 64 keys), whose size query, which cannot know the pointers, still counts the generic
+// kernels' row vectors; and a plan whose kernel needs one asks for what the query says (D = 64: generic).
+TEST_F(GpuPlan, AsksForItsKernelsWorkspace) {
+  for (const int64_t d : {128, 64}) {
+    const Case c{.B = 1, .Hq = 2, .Hk = 2, .Sq = 64, .Sk = 64, .D = d};
+    const Inputs in = make_inputs(c, test_seed());
+    Outputs expected(c, c.dtype, c.layout), got(c, c.dtype, c.layout);
+    ASSERT_TRUE(cpu_run(c, in, expected).ok());
+    const DeviceTensor q(in.q), k(in.k), dp(in.dp), dq(got.dq), dk(got.dk);
+    const BackwardArgs args{q.desc(), k.desc(), dp.desc(), {}, {}, dq.desc(), dk.desc()};
+    size_t query = 0;
+    ASSERT_TRUE(backward_workspace_size(args, c.options(), &query).ok());
+    Plan plan;
+    ASSERT_TRUE(plan_backward(args, c.options(), &plan).ok());
+    EXPECT_GT(query, 0u) << "D = " << d;
+    EXPECT_EQ(plan.workspace_bytes(), d == 128 ? 0u : query) << "D = " << d;
+    const DeviceBuffer workspace(plan.workspace_bytes());
+    const Status s = plan.run(workspace.get(), plan.workspace_bytes(), nullptr);
+    ASSERT_TRUE(s.ok()) << s.message();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_TRUE(dq.download(got.dq).ok());
+    ASSERT_TRUE(dk.download(got.dk).ok());
+    expect_close("dq", got.dq, expected.dq.values(), accuracy::bound(c.dtype));
+    expect_close("dk", got.dk, expected.dk.values(), accuracy::bound(c.dtype));
+  }
+}
+
 TEST_F(GpuPlan, UndeclaredPointersAreAskedOnceEach) {
   const Case c{.B = 1, .Hq = 2, .Hk = 2, .Sq = 8, .Sk = 8, .D = 64};
   const Inputs in = make_inputs(c, test_seed());

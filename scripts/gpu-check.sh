@@ -213,6 +213,16 @@ if has_stage revs; then
       fi
     done
   done
+  # The revisions' phase traces side by side (round 1, C = 8), where the step ran with --trace.
+  if [ "$REVS_STEP" = 1 ] && [[ " $STEP_ARGS " == *" --trace "* ]]; then
+    pairs=()
+    for name in "${revs[@]}"; do pairs+=("$name=$LOGS/rev-$name-step-1.log"); done
+    for mode in recompute saved_p; do
+      python3 scripts/trace_table.py --mode $mode --cluster 8 "${pairs[@]}" >> "$LOGS/rev-trace.log" 2>&1
+    done
+    cat "$LOGS/rev-trace.log"
+    record trace info "the revisions' phases side by side: logs/rev-trace.log"
+  fi
 fi
 
 if has_stage peers; then

@@ -76,7 +76,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   using HD = typename Cfg::HD;
   constexpr bool kSavedP = Cfg::kSavedP;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
-  constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(128) char smem_raw[];
   auto& st = *reinterpret_cast<typename Cfg::Storage*>(smem_raw);
 

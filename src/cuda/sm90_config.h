@@ -17,6 +17,9 @@ namespace qksoftmax::cuda::sm90 {
 
 using namespace cute;
 
+// log2(e): the kernels take exponentials as 2^x (ex2), with S and LSE scaled by it.
+inline constexpr float kLog2e = 1.4426950408889634f;
+
 // A TMA load of tiles (shared-memory layout SmemLayout) from a (rows, Cols, head, batch) global view with unit
 // stride along Cols: Cols = Int<D> for Q and K, int32_t for P and dP.
 template <class Element, class Cols, class SmemLayout>

@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   using BN = typename Cfg::BN;
   using HD = typename Cfg::HD;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages, kQuad = Cfg::kQuad;
-  constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+  constexpr float kLn2 = 0.6931471805599453f;
   extern __shared__ __align__(128) char smem_raw[];
   auto& st = *reinterpret_cast<typename Cfg::Storage*>(smem_raw);
 

@@ -97,7 +97,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
 
   // Running statistics of this thread's rows (identical across its quad), in the log2 domain:
   // max of S·scale·log2e, Σ 2^(S' − max), Σ 2^(S' − max)·dP; with the LSE given or in saved-P mode only the dot.
-  constexpr float kLog2e = 1.4426950408889634f;
   constexpr float kLn2 = 0.6931471805599453f;
   const float scale_log2 = prob.scale * kLog2e;
   const KeyRange keys = prob.keys();

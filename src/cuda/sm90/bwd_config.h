@@ -24,6 +24,7 @@
 
 #include "cuda/generic_config.h"
 #include "cuda/sm90_config.h"
+#include "cuda/sm90/mask.h"
 #include "cuda/sm90/trace.h"
 #include "cuda/sm90_instances.h"
 #include "problem.h"
@@ -58,11 +59,14 @@ struct BwdConfig {
   static constexpr int kReducerThreads = 32 * kReducerWarps;
   static constexpr int kQuad = 4;  // lanes that share the rows of a wgmma accumulator
   // Registers per thread by role (setmaxnreg): a consumer holds its dK accumulator (64), S of the next step
-  // (32), the probabilities and dP of the current one (32 + 16) and the dQ partial (32).
+  // (32), the probabilities and dP of the current one (32 + 16) and the dQ partial (32). setmaxnreg moves
+  // registers between the warpgroups of the CTA's launch allocation (the 64 K register file over kThreads,
+  // rounded down to a multiple of 8): asking for more than it holds would leave the consumers waiting.
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
-  static_assert(kWarpgroupThreads * (kProducerRegs + kConsumers * kConsumerRegs) <= 64 * 1024,
-                "the register file holds the roles");
+  static constexpr int kLaunchRegs = 64 * 1024 / kThreads / 8 * 8;
+  static_assert(kWarpgroupThreads * (kProducerRegs + kConsumers * kConsumerRegs) <= kThreads * kLaunchRegs,
+                "the launch allocation holds the roles");
   // Named barriers (CUTLASS numbers them after its reserved ones): both consumers' dS written; both
   // consumers' statistics written (a CTA alone exchanges them through its own shared memory).
   static constexpr uint32_t kDsBarrier = 0;
@@ -87,6 +91,8 @@ struct BwdConfig {
 
   // Shared-memory position of chunk u (an involution: the chunk at position p is pos(p)).
   static CUTE_HOST_DEVICE constexpr int pos(int u) { return 2 * (u % 2) + u / 2; }
+
+  using Mask = ChunkMask<kChunk, kChunks, kBlockM>;  // the keys each row block sees, by chunk
 
   using BM = Int<kBlockM>;
   using BN = Int<kBlockN>;

@@ -19,12 +19,12 @@ struct BwdDqReducer {
   // rtid: this thread among the reducer warps. Output i of a step is (owned piece k, vector v of the piece,
   // pushing consumer thread t), i = (k · kPieceVectors + v) · 128 + t: consecutive threads read consecutive
   // 16-byte slots.
-  __device__ void run(int rtid) {
+  __device__ void run(int rtid, const typename Cfg::Mask& mask) {
     const Problem& prob = params.prob;
     const int lane = rtid % 32;
-    const int cta = int(cute::block_rank_in_cluster());
-    const int ctas = params.cluster;
-    const int log2_ctas = __ffs(ctas) - 1;
+    const int cta = mask.rank;
+    const int ctas = mask.cluster;
+    const int log2_ctas = mask.log2_cluster;
     const int owned = Cfg::kPieces >> log2_ctas;  // pieces each CTA owns
     constexpr int kThreads = Cfg::kWarpgroupThreads;
     constexpr int kSlotVectors = Cfg::kPieceVectors * kThreads;

@@ -22,9 +22,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(CUTE_GRID_CONSTAN
 
   const int warpgroup = cutlass::canonical_warp_group_idx();
   const int cluster = params.cluster;
-  const ChunkMask<Cfg::kChunk, Cfg::kChunks, Cfg::kBlockM> mask{params.prob.keys(), cluster,
-                                                                  int(cute::block_rank_in_cluster()),
-                                                                  __ffs(cluster) - 1};
+  const typename Cfg::Mask mask{params.prob.keys(), cluster, int(cute::block_rank_in_cluster()),
+                                 __ffs(cluster) - 1};
   const auto cluster_shape = make_shape(cluster, 1, 1);
   const bool leader = threadIdx.x == 0;  // the producer's thread
 
@@ -59,7 +58,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(CUTE_GRID_CONSTAN
     if (leader) {
       BwdProducer<Cfg>{params, st}.run(stage_pipe, k_pipe, mask);
     } else if (warp > 0 && cluster > 1) {
-      BwdDqReducer<Cfg>{params, st}.run(int(threadIdx.x) - 32);
+      BwdDqReducer<Cfg>{params, st}.run(int(threadIdx.x) - 32, mask);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegs>();

@@ -43,12 +43,11 @@ struct BwdMainloop {
   using CK = typename Cfg::CK;
   using HD = typename Cfg::HD;
   using HF = typename Cfg::HF;
-  using Mask = ChunkMask<Cfg::kChunk, Cfg::kChunks, Cfg::kBlockM>;
+  using Mask = typename Cfg::Mask;
   static constexpr bool kSavedP = Cfg::kSavedP;
   static constexpr int kChunk = Cfg::kChunk, kBlockM = Cfg::kBlockM;
   static constexpr int kThreads = Cfg::kWarpgroupThreads;
   static constexpr int kQuad = Cfg::kQuad;
-  static constexpr float kLog2e = 1.4426950408889634f;
   static constexpr int kReduceLanes = 4;  // independent partial results per reduction (a shorter chain)
   static constexpr int kBlocksPerChunk = kChunk / 16;  // wgmma k-blocks of 16 keys
   static constexpr uint32_t kChunkBytes = kBlockM * kChunk * sizeof(Element);
@@ -102,6 +101,7 @@ struct BwdMainloop {
     const ItemSteps<kBlockM> steps(prob);
     const float scale_log2 = prob.scale * kLog2e;
     const bool lse_given = !kSavedP && prob.lse.present();
+    const bool base_given = kSavedP || lse_given;  // the exponentials' base known: only Σ P·dP is exchanged
     const Operand& lse_op = prob.lse;
 
     Tensor sQ = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQ{});     // (BM, D, ST)
@@ -294,7 +294,6 @@ struct BwdMainloop {
           sum[ri] = quad_sum<kQuad>(sum[ri]);
           dot[ri] = quad_sum<kQuad>(dot[ri]);
         }
-        const bool base_given = kSavedP || lse_given;  // only Σ P·dP is exchanged
         CUTE_UNROLL
         for (int ri = 0; ri < kRows; ++ri) {
           part[ri] = base_given ? make_float4(0.0f, 0.0f, dot[ri], 0.0f) : make_float4(mx[ri], sum[ri], dot[ri], 0.0f);
@@ -356,7 +355,7 @@ struct BwdMainloop {
                                  : make_float4(-INFINITY, 0.0f, 0.0f, 0.0f);
         }
       }
-      if (kSavedP || lse_given) {
+      if (base_given) {
         CUTE_UNROLL
         for (int ri = 0; ri < kRows; ++ri) {
           float d = 0.0f;

@@ -17,7 +17,7 @@ struct BwdProducer {
   using BM = typename Cfg::BM;
   using CK = typename Cfg::CK;
   using HD = typename Cfg::HD;
-  using Mask = ChunkMask<Cfg::kChunk, Cfg::kChunks, Cfg::kBlockM>;
+  using Mask = typename Cfg::Mask;
 
   const typename Cfg::Params& params;
   typename Cfg::Storage& st;

@@ -65,6 +65,9 @@ bool sm90_tma_ready(const Problem& prob) {
          tma_compatible(prob.dp, e) && (!prob.p.present() || tma_compatible(prob.p, e));
 }
 
+// The backward that run gives the single pass (whatever it then finds, it launches nothing else).
+bool sm90_single_pass(const Problem& prob) { return sm90_tma_ready(prob) && sm90_single_pass_fits(prob); }
+
 
 }  // namespace
 
@@ -73,8 +76,7 @@ size_t workspace_size(const Problem& prob) {
 }
 
 size_t plan_workspace_size(const Problem& prob) {
-  // The single-pass backward (run's choice for these, whatever else it finds) keeps everything on chip.
-  if (sm90_tma_ready(prob) && sm90_single_pass_fits(prob)) return 0;
+  if (sm90_single_pass(prob)) return 0;  // it keeps everything on chip
   return workspace_size(prob);
 }
 
@@ -92,8 +94,7 @@ Status run(const Problem& prob, void* workspace, CUstream_st* stream) {
     QKSOFTMAX_SM90_CONFIGS(QKSOFTMAX_DISPATCH_SM90_FORWARD)
 #undef QKSOFTMAX_DISPATCH_SM90_FORWARD
   }
-  const bool sm90_backward = sm90_tma_ready(prob);
-  if (sm90_backward && sm90_single_pass_fits(prob)) {
+  if (sm90_single_pass(prob)) {
     const bool saved_p = prob.mode == BackwardMode::kSavedP;
 #define QKSOFTMAX_DISPATCH_SM90_BWD(T, HD, SAVED_P)                                     \
     if (prob.dtype == ElementTraits<T>::kDType && prob.D == HD && saved_p == SAVED_P) { \
@@ -102,7 +103,7 @@ Status run(const Problem& prob, void* workspace, CUstream_st* stream) {
     QKSOFTMAX_SM90_BWD_CONFIGS(QKSOFTMAX_DISPATCH_SM90_BWD)
 #undef QKSOFTMAX_DISPATCH_SM90_BWD
   }
-  if (sm90_backward && !prob.deterministic) {
+  if (sm90_tma_ready(prob) && !prob.deterministic) {
 #define QKSOFTMAX_DISPATCH_SM90(T, HD)                                                 \
     if (prob.dtype == ElementTraits<T>::kDType && prob.D == HD) {                      \
       return run_sm90_backward<sm90::Config<T, HD>>(prob, workspace, stream);    \

@@ -217,7 +217,8 @@ TEST_F(Errors, BroadcastInputsAndSize1StridesAreValid) {
   HostTensor one_row(c.dtype, {c.B, c.Hq, 1, c.D});
   TensorDesc q = one_row.desc();
   q.stride[2] = kHugeStride;
-  const ForwardArgs args{q, call_.k.desc(), HostTensor(c.dtype, {c.B, c.Hq, 1, c.Sk}).desc(), {}};
+  HostTensor p(c.dtype, {c.B, c.Hq, 1, c.Sk});  // named: the call writes it
+  const ForwardArgs args{q, call_.k.desc(), p.desc(), {}};
   EXPECT_TRUE(forward(args, call_.options, nullptr, 0, nullptr).ok());
 }
 

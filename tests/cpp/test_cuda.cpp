@@ -205,11 +205,15 @@ INSTANTIATE_TEST_SUITE_P(Sweep, GpuVsCpu, ::testing::ValuesIn(sweep()), param_na
 // The single-pass Hopper backward (keys up to 1024 in one cluster) at the edges of its schedule: one CTA
 // (S ≤ 128), clusters of 2, 4 and 8, row blocks of 64, key chunks of 32; rows made 16-byte aligned at every
 // size so that TMA takes them. NaN sits in the masked places of dP and P (make_inputs). Deterministic calls:
-// the single pass takes them at every size up to 1024 keys (by default only up to 128).
+// the single pass takes them at every size up to 1024 keys (by default only up to 128). Small shapes (the
+// sanitizers' runs): one dtype per size, alternating, so that each dtype still meets every cluster size.
 std::vector<Case> single_pass_cases() {
   std::vector<Case> cases;
-  for (int64_t s : {1, 63, 64, 65, 255, 256, 257, 511, 512, 513, 1023, 1024}) {
+  const std::vector<int64_t> sizes = {1, 63, 64, 65, 255, 256, 257, 511, 512, 513, 1023, 1024};
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const int64_t s = sizes[i];
     for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+      if (small_shapes() && (dtype == DType::kFloat16) != (i % 2 == 1)) continue;
       for (Mask mask : kAllMasks) {
         for (Variant variant : kAllVariants) {
           cases.push_back({.B = 1, .Hq = 2, .Hk = 1, .Sq = s, .Sk = s, .D = 128, .dtype = dtype, .mask = mask,
@@ -218,12 +222,16 @@ std::vector<Case> single_pass_cases() {
       }
     }
   }
-  constexpr std::pair<int64_t, int64_t> kRectangles[] = {{63, 1024}, {1024, 63}, {1000, 300}, {2000, 520}, {5, 777}};
-  for (const auto& [sq, sk] : kRectangles) {
+  // Small shapes (the sanitizers' run): one key head of two query heads, and 600 rows where 2000 serve only
+  // volume (more rows than keys, a cut row block, as before).
+  const int64_t batch = small_shapes() ? 1 : 2, kv_heads = small_shapes() ? 1 : 2;
+  const int64_t many_rows = small_shapes() ? 600 : 2000;
+  const std::pair<int64_t, int64_t> rectangles[] = {{63, 1024}, {1024, 63}, {1000, 300}, {many_rows, 520}, {5, 777}};
+  for (const auto& [sq, sk] : rectangles) {
     for (Mask mask : kAllMasks) {
       for (Variant variant : kAllVariants) {
-        cases.push_back({.B = 2, .Hq = 4, .Hk = 2, .Sq = sq, .Sk = sk, .D = 128, .mask = mask, .variant = variant,
-                         .layout = Layout::kAlignedRows, .deterministic = true});
+        cases.push_back({.B = batch, .Hq = 2 * kv_heads, .Hk = kv_heads, .Sq = sq, .Sk = sk, .D = 128, .mask = mask,
+                         .variant = variant, .layout = Layout::kAlignedRows, .deterministic = true});
       }
     }
   }

@@ -387,6 +387,8 @@ if has_stage profile; then
         "$bench_bin" --case "$case" --mode $mode --impl "$PROFILE_IMPL" --runs 20 --warmup 3
       ncu --import "$OUT/$name.ncu-rep" --page details --print-details all > "$LOGS/$name-details.log" 2>&1
       ncu --import "$OUT/$name.ncu-rep" --page source --print-source sass --csv > "$LOGS/$name-sass.csv" 2>&1
+      # the consumer warps' stall reasons, where the kernel is warp-specialised (the single pass)
+      python3 scripts/ncu_stalls.py "$LOGS/$name-sass.csv" > "$LOGS/$name-stalls.log" 2>&1 || true
     done
   done
   record profile info "$(cat "$LOGS"/ncu-*-details.log 2>/dev/null | grep -c 'Section: GPU Speed Of Light') kernel reports, ncu-*.ncu-rep"

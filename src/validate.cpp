@@ -221,9 +221,10 @@ std::optional<ByteSpan> byte_span(const Arg& arg) {
       return std::nullopt;
     }
   }
-  int64_t bytes = 0;
+  int64_t elements = 0, bytes = 0;
   uintptr_t last = 0;
-  if (__builtin_mul_overflow(last_element + 1, int64_t(element_bytes(arg)), &bytes) ||
+  if (__builtin_add_overflow(last_element, 1, &elements) ||
+      __builtin_mul_overflow(elements, int64_t(element_bytes(arg)), &bytes) ||
       __builtin_add_overflow(reinterpret_cast<uintptr_t>(t.data), uintptr_t(bytes - 1), &last)) {
     return std::nullopt;
   }

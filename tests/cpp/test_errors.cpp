@@ -167,6 +167,12 @@ const Breakage kBreakages[] = {
     {"LseOutputInsideP", Calls::kForward, "p",
      [](ValidCall& c) { c.fwd.lse.data = static_cast<std::byte*>(c.fwd.p.data) + 2 * sizeof(float); }},
     {"StridesAddressTooFar", Calls::kBackward, "dp", [](ValidCall& c) { c.bwd.dp.stride[0] = kHugeStride; }},
+    // The last element exactly at 2^63 - 1: one more element is past int64 (UBSan's check of validation).
+    {"StridesReachInt64Max", Calls::kBackward, "dp",
+     [](ValidCall& c) {
+       c.bwd.dp.stride[0] = std::numeric_limits<int64_t>::max();
+       c.bwd.dp.stride[1] = c.bwd.dp.stride[2] = c.bwd.dp.stride[3] = 0;
+     }},
     // Options.
     {"ScaleInfinite", Calls::kBoth, "options.scale",
      [](ValidCall& c) { c.options.scale = std::numeric_limits<double>::infinity(); }},

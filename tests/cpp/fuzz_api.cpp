@@ -216,14 +216,19 @@ struct Arg {
   TensorDesc* desc;
 };
 
-// Inclusive byte range of a descriptor's elements, in 128-bit arithmetic (no overflow for any int64 values).
+// Inclusive byte range of a descriptor's elements, in 128-bit arithmetic. Each dimension's reach is clamped to
+// ±2^100 elements, so that no int64 shapes and strides overflow the sum: a reach that far is past every address
+// either way, and only a tensor refused already (a size below 1, a negative stride) has reaches that cancel.
 struct Span {
   __int128 first = 0, last = 0;
 };
 
 Span span_of(const TensorDesc& t, size_t element) {
+  constexpr __int128 kFar = __int128(1) << 100;
   __int128 last_element = 0;
-  for (int d = 0; d < t.rank; ++d) last_element += __int128(t.shape[d] - 1) * t.stride[d];
+  for (int d = 0; d < t.rank; ++d) {
+    last_element += std::clamp((__int128(t.shape[d]) - 1) * t.stride[d], -kFar, kFar);
+  }
   const auto first = __int128(reinterpret_cast<uintptr_t>(t.data));
   return {first, first + (last_element + 1) * __int128(element) - 1};
 }
@@ -628,6 +633,9 @@ std::unique_ptr<Call> Fuzzer::make_valid_call() {
   return call;
 }
 
+// A value as int64 arithmetic wraps it: mutations stack, so the size or stride one changes may be extreme already.
+int64_t wrapped(__int128 v) { return int64_t(uint64_t(v)); }
+
 // Spoils the call in one way (which may or may not break a rule: the rules decide).
 void Fuzzer::mutate(Call& call) {
   std::vector<Arg> args = call.args();
@@ -669,12 +677,14 @@ void Fuzzer::mutate(Call& call) {
       break;
     case 4:
       t.shape[dim] =
-          pick(std::vector<int64_t>{0, -1, kInt64Min, t.shape[dim] + 1, std::max<int64_t>(1, t.shape[dim] - 1)});
+          pick(std::vector<int64_t>{0, -1, kInt64Min, wrapped(__int128(t.shape[dim]) + 1),
+                                    std::max<int64_t>(1, wrapped(__int128(t.shape[dim]) - 1))});
       note("shape[" + std::to_string(dim) + "] " + std::to_string(t.shape[dim]));
       break;
     case 5:
       t.stride[dim] = pick(
-          std::vector<int64_t>{-1, -t.stride[dim], 0, 1, t.stride[dim] + 1, int64_t(1) << 62, kInt64Max, kInt64Min});
+          std::vector<int64_t>{-1, wrapped(-__int128(t.stride[dim])), 0, 1, wrapped(__int128(t.stride[dim]) + 1),
+                               int64_t(1) << 62, kInt64Max, kInt64Min});
       note("stride[" + std::to_string(dim) + "] " + std::to_string(t.stride[dim]));
       break;
     case 6:

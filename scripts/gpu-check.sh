@@ -155,6 +155,15 @@ if has_stage step; then  # the single-pass backward's step micro-benchmark (L2-r
   else
     record step FAIL "see logs/step.log"
   fi
+  # DSMEM push and bulk reduce-add into L2 at once, each against its rate alone (the next design's question).
+  exchange_bin=$(find $BUILD -name qksoftmax-exchange -type f | head -1)
+  if [ -n "$exchange_bin" ]; then
+    if run_logged exchange "$exchange_bin" "$OUT/h200-exchange.json"; then
+      record exchange ok "$(last_line '^exchange:' "$LOGS/exchange.log" | sed 's/^exchange: //')"
+    else
+      record exchange FAIL "see logs/exchange.log"
+    fi
+  fi
 fi
 
 if has_stage bench; then

@@ -11,7 +11,10 @@ its run, and the one call per operation that the torch path makes: outputs, plan
 fast path's Python layer (_ops.eager_forward / eager_backward: that call, the checks only on a refusal), the
 custom ops (torch.ops.qksoftmax), the public functions, attention_probs forward + autograd.grad on the eager
 fast path and through the ops, and its forward where autograd records nothing; then PyTorch's reference
-ops, among them the floor of any op built as an autograd.Function (outputs allocated, nothing computed).
+ops, among them the floor of any op built as an autograd.Function (outputs allocated, nothing computed) and
+two native ops whose autograd is C++ (softmax of a P-shaped tensor, and q @ kᵀ, each forward +
+autograd.grad, as attention_probs is timed): what forward + backward costs on this host for an op with no
+Python in its autograd, the least any op reached through autograd.grad can cost.
 --json writes the figures as a results file (bench/results/h200-host.json).
 """
 
@@ -55,6 +58,7 @@ def layers(device: str) -> tuple[dict[str, Callable[[], object]], dict[str, Call
         return torch.randn(*size, device=device, dtype=dtype, generator=generator)
 
     q, k, dp = randn(B, H, S, D), randn(B, H, S, D), randn(B, H, S, S)
+    scores = randn(B, H, S, S).requires_grad_(True)
     p, lse = qksoftmax.forward(q, k)
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     qg, kg = q.clone().requires_grad_(True), k.clone().requires_grad_(True)
@@ -114,6 +118,10 @@ def layers(device: str) -> tuple[dict[str, Callable[[], object]], dict[str, Call
             dp, p, -1, dtype) @ k,
         "torch: score block fwd+bwd (eager)": lambda: grad(torch_block()),
         "torch: autograd.Function floor fwd+bwd (allocations only)": lambda: grad(Floor.apply(qg, kg)),
+        # Native ops, autograd in C++: forward + autograd.grad as attention_probs (no Python in the graph).
+        "torch: softmax fwd+bwd (C++ autograd)": lambda: torch.autograd.grad(
+            torch.softmax(scores, -1), scores, grad_outputs=dp),
+        "torch: q @ k^T fwd+bwd (C++ autograd)": lambda: grad(qg @ kg.transpose(-1, -2)),
     }
     return ours, reference, shape
 

@@ -8,9 +8,9 @@
 #include <initializer_list>
 #include <limits>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include "counters.h"
 #include "dtype.h"
@@ -35,6 +35,21 @@ struct Arg {
   const TensorDesc* desc;
   Kind kind;
   Role role;
+};
+
+// The tensors of one call, in place (validation allocates nothing on the heap: it runs on every call).
+constexpr size_t kMaxArgs = 7;  // backward: q, k, dp, p, lse, dq, dk
+class ArgList {
+ public:
+  ArgList(std::initializer_list<Arg> args) {
+    for (const Arg& arg : args) push_back(arg);
+  }
+  void push_back(const Arg& arg) { items_[count_++] = arg; }
+  operator std::span<const Arg>() const { return {items_.data(), count_}; }
+
+ private:
+  std::array<Arg, kMaxArgs> items_{};
+  size_t count_ = 0;
 };
 
 int rank_of(Kind kind) { return kind == Kind::kLse ? kLseRank : kOperandRank; }
@@ -190,7 +205,7 @@ Status check_dtype_and_device(const Arg& arg, const TensorDesc& q) {
 }
 
 // CUDA tensors that declare their device (TensorDesc::device_index >= 0) declare the same one.
-Status check_device_indices(const std::vector<Arg>& args) {
+Status check_device_indices(std::span<const Arg> args) {
   const Arg* first = nullptr;
   for (const Arg& arg : args) {
     if (arg.desc->device != Device::kCUDA || arg.desc->device_index < 0) continue;
@@ -234,28 +249,31 @@ std::optional<ByteSpan> byte_span(const Arg& arg) {
 // Conservative: sorted by stride, every dimension of size > 1 must step over all the elements that the
 // smaller-strided dimensions reach. Strided views that interleave without colliding are rejected too.
 bool may_overlap_itself(const TensorDesc& t) {
-  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
+  std::array<std::pair<int64_t, int64_t>, kMaxRank> dims;  // (stride, size)
+  size_t count = 0;
   for (int d = 0; d < t.rank; ++d) {
-    if (t.shape[d] > 1) dims.emplace_back(t.stride[d], t.shape[d]);
+    if (t.shape[d] > 1) dims[count++] = {t.stride[d], t.shape[d]};
   }
-  std::sort(dims.begin(), dims.end());
+  for (size_t i = 1; i < count; ++i) {  // insertion sort: at most kMaxRank entries
+    for (size_t j = i; j > 0 && dims[j] < dims[j - 1]; --j) std::swap(dims[j], dims[j - 1]);
+  }
   int64_t min_stride = 1;
-  for (const auto& [stride, size] : dims) {
+  for (const auto& [stride, size] : std::span(dims.data(), count)) {
     if (stride < min_stride) return true;
     if (__builtin_mul_overflow(stride, size, &min_stride)) min_stride = std::numeric_limits<int64_t>::max();
   }
   return false;
 }
 
-Status check_memory(const std::vector<Arg>& args) {
-  std::vector<ByteSpan> spans;
-  for (const Arg& arg : args) {
-    const std::optional<ByteSpan> span = byte_span(arg);
+Status check_memory(std::span<const Arg> args) {
+  std::array<ByteSpan, kMaxArgs> spans;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::optional<ByteSpan> span = byte_span(args[i]);
     if (!span) {
-      return invalid(arg.name, "expected shape and strides that address less than 2^63 bytes, got shape " +
-                                   shape_str(*arg.desc) + " strides " + strides_str(*arg.desc));
+      return invalid(args[i].name, "expected shape and strides that address less than 2^63 bytes, got shape " +
+                                       shape_str(*args[i].desc) + " strides " + strides_str(*args[i].desc));
     }
-    spans.push_back(*span);
+    spans[i] = *span;
   }
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i].role != Role::kOutput) continue;
@@ -274,7 +292,7 @@ Status check_memory(const std::vector<Arg>& args) {
 }
 
 // args[0] is q and args[1] is k; every argument listed is present.
-Status check_args(const std::vector<Arg>& args) {
+Status check_args(std::span<const Arg> args) {
   for (const Arg& arg : args) {
     if (Status s = check_alone(arg); !s.ok()) return s;
   }
@@ -381,7 +399,7 @@ Status make_problem(const ForwardArgs& args, const Options& options, Problem* pr
       !s.ok()) {
     return s;
   }
-  std::vector<Arg> list = {{"q", &args.q, Kind::kQ, Role::kInput},
+  ArgList list = {{"q", &args.q, Kind::kQ, Role::kInput},
                            {"k", &args.k, Kind::kK, Role::kInput},
                            {"p", &args.p, Kind::kProbs, Role::kOutput}};
   if (args.lse.present()) list.push_back({"lse", &args.lse, Kind::kLse, Role::kOutput});
@@ -423,7 +441,7 @@ Status make_problem(const BackwardArgs& args, const Options& options, Problem* p
     return invalid("p", "expected no tensor in recompute mode (BackwardMode::kRecompute), got one; set "
                         "options.mode = BackwardMode::kSavedP to use it");
   }
-  std::vector<Arg> list = {{"q", &args.q, Kind::kQ, Role::kInput},
+  ArgList list = {{"q", &args.q, Kind::kQ, Role::kInput},
                            {"k", &args.k, Kind::kK, Role::kInput},
                            {"dp", &args.dp, Kind::kProbs, Role::kInput}};
   if (args.p.present()) list.push_back({"p", &args.p, Kind::kProbs, Role::kInput});

@@ -6,7 +6,7 @@
 
 scale is a float or None (1 / sqrt(D)), causal a bool; save ("p" or "lse") is what the forward keeps for its
 backward (see qksoftmax.attention_probs). Every op allocates its outputs (contiguous) and its workspace with
-torch.empty, through the caching allocator, runs on the current CUDA stream of its tensors' device (whatever
+q.new_empty, through the caching allocator, runs on the current CUDA stream of its tensors' device (whatever
 device is current) and writes none of its inputs:
 the ops run in eager mode, under torch.compile (fake implementations; no graph breaks) and inside CUDA graph
 capture. The package imports this module whenever torch is installed, so that the ops exist before
@@ -46,7 +46,7 @@ FORWARD_OP = "qksoftmax::forward"
 BACKWARD_RECOMPUTE_OP = "qksoftmax::backward_recompute"
 BACKWARD_SAVED_P_OP = "qksoftmax::backward_saved_p"
 
-# One C++ call per operation on torch tensors: the inputs described, the outputs allocated (torch.empty), the call
+# One C++ call per operation on torch tensors: the inputs described, the outputs allocated (q.new_empty), the call
 # validated once and run on the tensors' device, on its current stream (qksoftmax._C.torch_forward / torch_backward).
 _torch_forward = _C.torch_forward
 _torch_backward = _C.torch_backward

@@ -5,13 +5,16 @@
 // Plan.run launches it with the caller's workspace and stream. The Python layer (python/qksoftmax) allocates
 // the outputs before the plan and the workspace between plan and run: nothing here calls back into Python.
 //
-// Tensors: a torch.Tensor is described from its own attributes (data_ptr, shape, stride, dtype, device),
-// which costs a fraction of a DLPack export (torch's __dlpack__ is Python code) and declares the tensor's
-// CUDA device (TensorDesc::device_index), so the library asks the driver nothing about its pointer. An input on
-// a CUDA device whose last dimension is not dense (which the CUDA backend refuses) is described as its
-// contiguous copy (tensor.detach().contiguous(), on that device's current stream), which the plan keeps: the
-// strides are read here anyway, so the Python layer asks nothing of a tensor before the call. Any other array
-// (numpy, or anything with __dlpack__) goes through nanobind's ndarray, its device as DLPack gives it.
+// Tensors: a plain torch.Tensor (or nn.Parameter) is described from one C-level DLPack export
+// (torch._C._to_dlpack: data pointer, shape, strides, dtype and device in one call, released at once; not
+// __dlpack__, which is Python code); any other tensor, or one that export refuses or gives in terms this
+// library does not take, from its own attributes (data_ptr, shape, stride, dtype, device), which also phrase
+// every refusal. Either way the description declares the tensor's CUDA device (TensorDesc::device_index), so the
+// library asks the driver nothing about its pointer. An input on a CUDA device whose last dimension is not
+// dense (which the CUDA backend refuses) is described as its contiguous copy (tensor.detach().contiguous(), on
+// that device's current stream), which the plan keeps: the strides are read here anyway, so the Python layer
+// asks nothing of a tensor before the call. Any other array (numpy, or anything with __dlpack__) goes through
+// nanobind's ndarray, its device as DLPack gives it.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -63,9 +66,12 @@ struct Torch {
   std::array<nb::object, kDTypes> dtypes;  // torch.bfloat16, float16, float32, float64
   nb::object strided;                      // the layout of a dense tensor
   nb::object data_ptr, shape, stride, dtype, is_cuda, is_cpu, get_device, device, layout, detach, contiguous;
+  nb::object new_empty;                    // the method that allocates on a plain tensor's device
   nb::object empty;                        // torch.empty, called with sizes and the keywords below
-  nb::object dtype_device;                 // ("dtype", "device"): the keyword names of an allocation
+  nb::object dtype_device;                 // ("dtype", "device"): the keyword names of torch.empty's allocation
+  nb::object dtype_only;                   // ("dtype",): new_empty's keyword where the dtype is not q's
   nb::object uint8;                        // the dtype of a workspace
+  nb::object to_dlpack;  // torch._C._to_dlpack (None where this torch lacks it: the attributes are read instead)
   nb::object raw_stream;  // torch._C._cuda_getCurrentRawStream (None where this torch lacks it)
   nb::object parameter_type;  // torch.nn.Parameter: with torch.Tensor, the plain tensor types
   // What tells that a mode or transform is active (None each where this torch lacks it): the length of the
@@ -92,6 +98,7 @@ const Torch* torch_api() {
   t.uint8 = torch.attr("uint8");
   const nb::object torch_c = torch.attr("_C");
   t.raw_stream = nb::getattr(torch_c, "_cuda_getCurrentRawStream", nb::none());
+  t.to_dlpack = nb::getattr(torch_c, "_to_dlpack", nb::none());
   t.parameter_type = torch.attr("nn").attr("Parameter");
   t.dispatch_modes = nb::getattr(torch_c, "_len_torch_dispatch_stack", nb::none());
   t.function_modes = nb::getattr(torch_c, "_is_torch_function_mode_enabled", nb::none());
@@ -100,12 +107,13 @@ const Torch* torch_api() {
   for (auto [field, name] : {std::pair{&t.data_ptr, "data_ptr"}, {&t.shape, "shape"}, {&t.stride, "stride"},
                              {&t.dtype, "dtype"}, {&t.is_cuda, "is_cuda"}, {&t.is_cpu, "is_cpu"},
                              {&t.get_device, "get_device"}, {&t.device, "device"}, {&t.layout, "layout"},
-                             {&t.detach, "detach"}, {&t.contiguous, "contiguous"}}) {
+                             {&t.detach, "detach"}, {&t.contiguous, "contiguous"}, {&t.new_empty, "new_empty"}}) {
     PyObject* interned = PyUnicode_InternFromString(name);
     if (interned == nullptr) throw nb::python_error();
     *field = nb::steal(interned);
   }
   t.dtype_device = nb::make_tuple(t.dtype, t.device);
+  t.dtype_only = nb::make_tuple(t.dtype);
   api = new Torch(std::move(t));
   return api;
 }
@@ -134,18 +142,95 @@ void check_rank(size_t rank, const char* name) {
 
 enum class Access : uint8_t { kRead, kWrite };
 
-// What a fused call (torch_forward / torch_backward) reuses of a described tensor to allocate the outputs.
-struct Seen {
-  nb::object shape;  // torch.Size, whose items are the sizes of an output
-  nb::object dtype;
-};
+// torch.Tensor or nn.Parameter exactly: no subclass, whose attributes and methods may be overridden.
+bool plain_type(const Torch& torch, nb::handle t) {
+  const PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(t.ptr()));
+  return type == torch.tensor_type.ptr() || type == torch.parameter_type.ptr();
+}
 
-// `keep` receives the object whose memory the description points into: t, or the copy made of it (at most one);
-// `seen`, where given, t's shape and dtype objects.
-qksoftmax::TensorDesc describe_torch(const Torch& torch, nb::handle t, const char* name, Access access,
-                                     nb::object* keep, Seen* seen = nullptr, bool copied = false) {
+// The library's dtype of a DLPack dtype (nullopt: one it does not take).
+std::optional<qksoftmax::DType> from_dlpack(nb::dlpack::dtype dtype) {
+  const auto code = static_cast<nb::dlpack::dtype_code>(dtype.code);
+  if (dtype.lanes == 1) {
+    if (code == nb::dlpack::dtype_code::Bfloat && dtype.bits == 16) return qksoftmax::DType::kBFloat16;
+    if (code == nb::dlpack::dtype_code::Float && dtype.bits == 16) return qksoftmax::DType::kFloat16;
+    if (code == nb::dlpack::dtype_code::Float && dtype.bits == 32) return qksoftmax::DType::kFloat32;
+    if (code == nb::dlpack::dtype_code::Float && dtype.bits == 64) return qksoftmax::DType::kFloat64;
+  }
+  return std::nullopt;
+}
+
+qksoftmax::DType to_dtype(nb::dlpack::dtype dtype, const char* name) {
+  if (const std::optional<qksoftmax::DType> known = from_dlpack(dtype)) return *known;
+  raise_dtype(name);
+}
+
+// A legacy DLPack capsule ("dltensor") holds a managed tensor (dlpack.h, whose ABI is fixed).
+struct ManagedTensor {
+  nb::dlpack::dltensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(ManagedTensor*);
+};
+constexpr const char* kDlpackCapsule = "dltensor";
+
+// A plain tensor described by one C-level DLPack export, released before returning (the caller keeps t, whose
+// memory it is). nullopt where the export fails or gives what the attribute reading may refuse (a dtype or
+// device this library does not take, a rank past kMaxRank): that reading then describes t or phrases the error.
+std::optional<qksoftmax::TensorDesc> describe_dlpack(const Torch& torch, nb::handle t) {
+  PyObject* capsule = PyObject_CallOneArg(torch.to_dlpack.ptr(), t.ptr());
+  if (capsule == nullptr) {
+    PyErr_Clear();
+    return std::nullopt;
+  }
+  const nb::object release = nb::steal(capsule);  // unconsumed, the capsule's destructor calls the deleter
+  const auto* managed = static_cast<const ManagedTensor*>(PyCapsule_GetPointer(capsule, kDlpackCapsule));
+  if (managed == nullptr) {
+    PyErr_Clear();
+    return std::nullopt;
+  }
+  const nb::dlpack::dltensor& dl = managed->dl_tensor;
+  const std::optional<qksoftmax::DType> dtype = from_dlpack(dl.dtype);
+  if (!dtype || dl.ndim < 0 || dl.ndim > qksoftmax::kMaxRank) return std::nullopt;
   qksoftmax::TensorDesc desc;
-  nb::object dtype = attribute(t, torch.dtype);
+  desc.dtype = *dtype;
+  if (dl.device.device_type == nb::device::cuda::value) {
+    desc.device = qksoftmax::Device::kCUDA;
+    desc.device_index = dl.device.device_id;
+  } else if (dl.device.device_type != nb::device::cpu::value) {
+    return std::nullopt;
+  }
+  desc.rank = dl.ndim;
+  int64_t compact = 1;  // null strides: the compact row-major layout
+  for (int i = desc.rank - 1; i >= 0; --i) {
+    desc.shape[i] = dl.shape[i];
+    desc.stride[i] = dl.strides != nullptr ? dl.strides[i] : compact;
+    compact *= dl.shape[i];
+  }
+  desc.data = static_cast<char*>(dl.data) + dl.byte_offset;
+  return desc;
+}
+
+qksoftmax::TensorDesc describe_torch(const Torch& torch, nb::handle t, const char* name, Access access,
+                                     nb::object* keep, bool copied = false);
+
+// An input on a CUDA device whose last dimension is not dense: described as its contiguous copy (once).
+bool needs_copy(const qksoftmax::TensorDesc& desc, Access access, bool copied) {
+  const int last = desc.rank - 1;
+  return desc.device == qksoftmax::Device::kCUDA && access == Access::kRead && !copied && desc.rank > 0 &&
+         desc.shape[last] > 1 && desc.stride[last] != 1;
+}
+
+qksoftmax::TensorDesc describe_copy(const Torch& torch, nb::handle t, const char* name, Access access,
+                                    nb::object* keep) {
+  const nb::object copy = call_method(call_method(t, torch.detach), torch.contiguous);
+  return describe_torch(torch, copy, name, access, keep, true);
+}
+
+// t described from its attributes, which phrase every refusal in the caller's terms.
+qksoftmax::TensorDesc describe_attributes(const Torch& torch, nb::handle t, const char* name, Access access,
+                                          nb::object* keep, bool copied) {
+  qksoftmax::TensorDesc desc;
+  const nb::object dtype = attribute(t, torch.dtype);
   int code = 0;
   while (code < kDTypes && !dtype.is(torch.dtypes[size_t(code)])) ++code;
   if (code == kDTypes) raise_dtype(name);
@@ -157,7 +242,7 @@ qksoftmax::TensorDesc describe_torch(const Torch& torch, nb::handle t, const cha
     raise(PyExc_ValueError, std::string(name) + " must be on the CPU or a CUDA device, got " +
                                 nb::cast<std::string>(nb::str(attribute(t, torch.device))));
   }
-  nb::object shape = attribute(t, torch.shape);
+  const nb::object shape = attribute(t, torch.shape);
   const nb::object strides = call_method(t, torch.stride);
   if (!PyTuple_Check(shape.ptr()) || !PyTuple_Check(strides.ptr()) ||
       PyTuple_GET_SIZE(shape.ptr()) != PyTuple_GET_SIZE(strides.ptr())) {
@@ -170,14 +255,8 @@ qksoftmax::TensorDesc describe_torch(const Torch& torch, nb::handle t, const cha
     desc.shape[i] = to_int64(PyTuple_GET_ITEM(shape.ptr(), Py_ssize_t(i)));
     desc.stride[i] = to_int64(PyTuple_GET_ITEM(strides.ptr(), Py_ssize_t(i)));
   }
-  const size_t last = rank - 1;
-  if (desc.device == qksoftmax::Device::kCUDA && access == Access::kRead && !copied && rank > 0 &&
-      desc.shape[last] > 1 && desc.stride[last] != 1) {
-    const nb::object copy = call_method(call_method(t, torch.detach), torch.contiguous);
-    return describe_torch(torch, copy, name, access, keep, seen, true);
-  }
+  if (needs_copy(desc, access, copied)) return describe_copy(torch, t, name, access, keep);
   *keep = nb::borrow(t);
-  if (seen != nullptr) *seen = {std::move(shape), std::move(dtype)};
   PyObject* address = PyObject_CallMethodNoArgs(t.ptr(), torch.data_ptr.ptr());
   if (address == nullptr) {  // sparse and other layouts have no data pointer to describe
     nb::python_error error;
@@ -191,15 +270,16 @@ qksoftmax::TensorDesc describe_torch(const Torch& torch, nb::handle t, const cha
   return desc;
 }
 
-qksoftmax::DType to_dtype(nb::dlpack::dtype dtype, const char* name) {
-  const auto code = static_cast<nb::dlpack::dtype_code>(dtype.code);
-  if (dtype.lanes == 1) {
-    if (code == nb::dlpack::dtype_code::Bfloat && dtype.bits == 16) return qksoftmax::DType::kBFloat16;
-    if (code == nb::dlpack::dtype_code::Float && dtype.bits == 16) return qksoftmax::DType::kFloat16;
-    if (code == nb::dlpack::dtype_code::Float && dtype.bits == 32) return qksoftmax::DType::kFloat32;
-    if (code == nb::dlpack::dtype_code::Float && dtype.bits == 64) return qksoftmax::DType::kFloat64;
-  }
-  raise_dtype(name);
+// `keep` receives the object whose memory the description points into: t, or the copy made of it (at most one).
+// A plain tensor is exported once by DLPack where it can be; any other, by its attributes.
+qksoftmax::TensorDesc describe_torch(const Torch& torch, nb::handle t, const char* name, Access access,
+                                     nb::object* keep, bool copied) {
+  std::optional<qksoftmax::TensorDesc> exported;
+  if (!torch.to_dlpack.is_none() && plain_type(torch, t)) exported = describe_dlpack(torch, t);
+  if (!exported) return describe_attributes(torch, t, name, access, keep, copied);
+  if (needs_copy(*exported, access, copied)) return describe_copy(torch, t, name, access, keep);
+  *keep = nb::borrow(t);
+  return *exported;
 }
 
 template <class Array>
@@ -291,8 +371,8 @@ void run(const Plan& self, uintptr_t workspace, size_t workspace_bytes, uintptr_
 }
 
 // The fused calls on torch tensors (torch_forward / torch_backward): the inputs described, the outputs allocated
-// (torch.empty, one call each, on q's device), the call validated once, then run at once: on CUDA with its
-// workspace from torch.empty and on the current stream of the tensors' device. One call from Python per operation.
+// (one allocation each, on q's device: allocate), the call validated once, then run at once: on CUDA with its
+// workspace allocated likewise and on the current stream of the tensors' device. One call from Python per operation.
 
 const Torch& require_torch(nb::handle q) {
   const Torch* torch = torch_api();
@@ -308,8 +388,7 @@ const Torch& require_torch(nb::handle q) {
 // no dispatch or torch-function mode and no functorch transform active. False where this torch cannot tell.
 bool plain_eager(const Torch& torch, std::initializer_list<nb::handle> tensors) {
   for (nb::handle t : tensors) {
-    const PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(t.ptr()));
-    if (!t.is_none() && type != torch.tensor_type.ptr() && type != torch.parameter_type.ptr()) return false;
+    if (!t.is_none() && !plain_type(torch, t)) return false;
   }
   if (torch.dispatch_modes.is_none() || torch.function_modes.is_none() || torch.transforms.is_none()) return false;
   const nb::object modes = torch.dispatch_modes();
@@ -320,15 +399,14 @@ bool plain_eager(const Torch& torch, std::initializer_list<nb::handle> tensors) 
 }
 
 // describe() for a fused call: a torch.Tensor or None.
-qksoftmax::TensorDesc describe_input(const Torch& torch, nb::handle t, const char* name, nb::object* keep,
-                                     Seen* seen = nullptr) {
+qksoftmax::TensorDesc describe_input(const Torch& torch, nb::handle t, const char* name, nb::object* keep) {
   if (t.is_none()) return {};
   if (!PyObject_TypeCheck(t.ptr(), (PyTypeObject*)torch.tensor_type.ptr())) {
     raise(PyExc_TypeError, std::string(name) + " must be a torch.Tensor like q, got " +
                                nb::cast<std::string>(nb::str(nb::handle(Py_TYPE(t.ptr())).attr("__name__"))));
   }
   ++conversions;
-  return describe_torch(torch, t, name, Access::kRead, keep, seen);
+  return describe_torch(torch, t, name, Access::kRead, keep);
 }
 
 // torch.empty(*sizes, dtype=dtype, device=device).
@@ -342,9 +420,29 @@ nb::object empty(const Torch& torch, PyObject* const* sizes, size_t count, nb::h
   return nb::steal(out);
 }
 
-// The sizes of a shape (torch.Size) as the arguments of empty().
-void sizes_of(const Seen& seen, PyObject** sizes, int count) {
-  for (int i = 0; i < count; ++i) sizes[i] = PyTuple_GET_ITEM(seen.shape.ptr(), Py_ssize_t(i));
+// A contiguous tensor of this shape on q's device, of q's dtype or of `dtype` where given: on a plain q
+// q.new_empty(*shape), which has no keyword to parse unless the dtype is another (the allocation costs about a
+// tenth less than torch.empty's); on any other, whose new_empty may be overridden, torch.empty(*shape,
+// dtype=..., device=q.device).
+nb::object allocate(const Torch& torch, nb::handle q, const int64_t* shape, int rank, nb::handle dtype = {}) {
+  std::array<nb::object, qksoftmax::kMaxRank> sizes;
+  PyObject* args[qksoftmax::kMaxRank + 2];  // q, the sizes, the dtype
+  for (int i = 0; i < rank; ++i) {
+    sizes[size_t(i)] = nb::steal(PyLong_FromLongLong(shape[i]));
+    if (!sizes[size_t(i)].is_valid()) throw nb::python_error();
+    args[i + 1] = sizes[size_t(i)].ptr();
+  }
+  if (!plain_type(torch, q)) {
+    const nb::object q_dtype = dtype.is_valid() ? nb::borrow(dtype) : attribute(q, torch.dtype);
+    return empty(torch, args + 1, size_t(rank), q_dtype, attribute(q, torch.device));
+  }
+  args[0] = q.ptr();
+  size_t count = size_t(rank) + 1;
+  if (dtype.is_valid()) args[count] = dtype.ptr();
+  PyObject* out = PyObject_VectorcallMethod(torch.new_empty.ptr(), args, count,
+                                            dtype.is_valid() ? torch.dtype_only.ptr() : nullptr);
+  if (out == nullptr) throw nb::python_error();
+  return nb::steal(out);
 }
 
 void* data_pointer(const Torch& torch, nb::handle t) {
@@ -354,7 +452,7 @@ void* data_pointer(const Torch& torch, nb::handle t) {
   return data;
 }
 
-// An output that empty() has just made on `like`'s device: contiguous, of this shape and dtype, so only its
+// An output that allocate() has just made on `like`'s device: contiguous, of this shape and dtype, so only its
 // address is asked of it (one conversion all the same).
 qksoftmax::TensorDesc describe_output(const Torch& torch, nb::handle t, const qksoftmax::TensorDesc& like,
                                       const int64_t* shape, int rank, qksoftmax::DType dtype) {
@@ -374,10 +472,10 @@ qksoftmax::TensorDesc describe_output(const Torch& torch, nb::handle t, const qk
   return desc;
 }
 
-// Runs a validated call. On CUDA: the workspace (where the call needs one) from torch.empty on that device,
-// freed once the launch is queued (the caching allocator reuses it in stream order), and the launch on the
+// Runs a validated call. On CUDA: the workspace (where the call needs one) allocated on q's device, freed
+// once the launch is queued (the caching allocator reuses it in stream order), and the launch on the
 // device's current stream, as torch reports it.
-void launch(const Torch& torch, const qksoftmax::Plan& plan, nb::handle device) {
+void launch(const Torch& torch, const qksoftmax::Plan& plan, nb::handle q) {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   uintptr_t stream = 0;
@@ -386,10 +484,8 @@ void launch(const Torch& torch, const qksoftmax::Plan& plan, nb::handle device) 
   if (device_index >= 0) {
     workspace_bytes = plan.workspace_bytes();
     if (workspace_bytes != 0) {
-      const nb::object size = nb::steal(PyLong_FromSize_t(workspace_bytes + qksoftmax::kWorkspaceAlignment - 1));
-      if (!size.is_valid()) throw nb::python_error();
-      PyObject* sizes[1] = {size.ptr()};
-      buffer = empty(torch, sizes, 1, torch.uint8, device);
+      const int64_t size = int64_t(workspace_bytes + qksoftmax::kWorkspaceAlignment - 1);
+      buffer = allocate(torch, q, &size, 1, torch.uint8);
       const uintptr_t address = reinterpret_cast<uintptr_t>(data_pointer(torch, buffer));
       const uintptr_t alignment = qksoftmax::kWorkspaceAlignment;
       workspace = reinterpret_cast<void*>((address + alignment - 1) / alignment * alignment);
@@ -422,20 +518,12 @@ void check_forward_ranks(const qksoftmax::TensorDesc& q, const qksoftmax::Tensor
   }
 }
 
-// q and k of a fused call described (keep[0], keep[1]), what the outputs are made from, and q's device.
-struct QK {
-  Seen q, k;
-  nb::object device;
-};
-
-QK describe_q_k(const Torch& torch, nb::handle q, nb::handle k, nb::object* keep, qksoftmax::TensorDesc* q_desc,
-                qksoftmax::TensorDesc* k_desc) {
-  QK seen;
-  *q_desc = describe_input(torch, q, "q", &keep[0], &seen.q);
-  *k_desc = describe_input(torch, k, "k", &keep[1], &seen.k);
+// q and k of a fused call described (keep[0], keep[1]).
+void describe_q_k(const Torch& torch, nb::handle q, nb::handle k, nb::object* keep, qksoftmax::TensorDesc* q_desc,
+                  qksoftmax::TensorDesc* k_desc) {
+  *q_desc = describe_input(torch, q, "q", &keep[0]);
+  *k_desc = describe_input(torch, k, "k", &keep[1]);
   if (k.is_none()) raise(PyExc_TypeError, "k must be a torch.Tensor like q, got NoneType");
-  seen.device = attribute(q, torch.device);
-  return seen;
 }
 
 nb::object torch_forward(nb::handle q, nb::handle k, std::optional<double> scale, bool causal, bool plain_only) {
@@ -443,19 +531,16 @@ nb::object torch_forward(nb::handle q, nb::handle k, std::optional<double> scale
   if (plain_only && !plain_eager(torch, {q, k})) return nb::none();
   std::array<nb::object, 2> keep;
   qksoftmax::ForwardArgs args;
-  const auto [q_seen, k_seen, device] = describe_q_k(torch, q, k, keep.data(), &args.q, &args.k);
+  describe_q_k(torch, q, k, keep.data(), &args.q, &args.k);
   check_forward_ranks(args.q, args.k);
-  PyObject* sizes[4];
-  sizes_of(q_seen, sizes, 3);
-  sizes[3] = PyTuple_GET_ITEM(k_seen.shape.ptr(), 2);
   const int64_t shape[4] = {args.q.shape[0], args.q.shape[1], args.q.shape[2], args.k.shape[2]};
-  nb::object p = empty(torch, sizes, 4, q_seen.dtype, device);
-  nb::object lse = empty(torch, sizes, 3, torch.dtypes[size_t(qksoftmax::DType::kFloat32)], device);
+  nb::object p = allocate(torch, q, shape, 4);
+  nb::object lse = allocate(torch, q, shape, 3, torch.dtypes[size_t(qksoftmax::DType::kFloat32)]);
   args.p = describe_output(torch, p, args.q, shape, 4, args.q.dtype);
   args.lse = describe_output(torch, lse, args.q, shape, 3, qksoftmax::DType::kFloat32);
   qksoftmax::Plan plan;
   check(qksoftmax::plan_forward(args, make_options(scale, causal, qksoftmax::BackwardMode::kRecompute), &plan));
-  launch(torch, plan, device);
+  launch(torch, plan, q);
   return nb::make_tuple(p, lse);
 }
 
@@ -465,21 +550,18 @@ nb::object torch_backward(nb::handle q, nb::handle k, nb::handle dp, nb::handle 
   if (plain_only && !plain_eager(torch, {q, k, dp, p, lse})) return nb::none();
   std::array<nb::object, 5> keep;
   qksoftmax::BackwardArgs args;
-  const auto [q_seen, k_seen, device] = describe_q_k(torch, q, k, keep.data(), &args.q, &args.k);
+  describe_q_k(torch, q, k, keep.data(), &args.q, &args.k);
   args.dp = describe_input(torch, dp, "dp", &keep[2]);
   args.p = describe_input(torch, p, "p", &keep[3]);
   args.lse = describe_input(torch, lse, "lse", &keep[4]);
-  PyObject* sizes[qksoftmax::kMaxRank];
-  sizes_of(q_seen, sizes, args.q.rank);
-  nb::object dq = empty(torch, sizes, size_t(args.q.rank), q_seen.dtype, device);
-  sizes_of(k_seen, sizes, args.k.rank);
-  nb::object dk = empty(torch, sizes, size_t(args.k.rank), q_seen.dtype, device);
+  nb::object dq = allocate(torch, q, args.q.shape, args.q.rank);
+  nb::object dk = allocate(torch, q, args.k.shape, args.k.rank);
   args.dq = describe_output(torch, dq, args.q, args.q.shape, args.q.rank, args.q.dtype);
   args.dk = describe_output(torch, dk, args.q, args.k.shape, args.k.rank, args.q.dtype);
   const auto mode = p.is_none() ? qksoftmax::BackwardMode::kRecompute : qksoftmax::BackwardMode::kSavedP;
   qksoftmax::Plan plan;
   check(qksoftmax::plan_backward(args, make_options(scale, causal, mode), &plan));
-  launch(torch, plan, device);
+  launch(torch, plan, q);
   return nb::make_tuple(dq, dk);
 }
 
@@ -515,9 +597,9 @@ NB_MODULE(_C, m) {
         "scale"_a.none(), "causal"_a,
         "Validates dq, dk from dp: saved-P mode when p is given, recompute mode otherwise.");
   m.def("torch_forward", &torch_forward, "q"_a, "k"_a.none(), "scale"_a.none(), "causal"_a, "plain_only"_a = false,
-        "plan_forward and its run in one call on torch tensors: returns (p, lse), allocated with torch.empty on q's "
-        "device, computed on that device's current stream. With plain_only, returns None without running unless "
-        "the tensors are plain (torch.Tensor or nn.Parameter) and no mode or functorch transform is active.");
+        "plan_forward and its run in one call on torch tensors: returns (p, lse), allocated on q's device, computed "
+        "on that device's current stream. With plain_only, returns None without running unless the tensors are plain "
+        "(torch.Tensor or nn.Parameter) and no mode or functorch transform is active.");
   m.def("torch_backward", &torch_backward, "q"_a, "k"_a.none(), "dp"_a.none(), "p"_a.none(), "lse"_a.none(),
         "scale"_a.none(), "causal"_a, "plain_only"_a = false,
         "plan_backward and its run in one call on torch tensors: returns (dq, dk), as torch_forward does (p, lse).");

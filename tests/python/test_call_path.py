@@ -159,3 +159,57 @@ def test_plain_eager_tells_what_may_skip_the_ops():
     assert seen == [False]
     p, lse = _C.torch_forward(q, q, None, True, True)
     assert p.shape == (1, 1, 4, 4) and lse.shape == (1, 1, 4)
+
+
+def test_plain_tensors_and_subclasses_are_described_alike():
+    """A plain tensor is described by one DLPack export, any other tensor by its attributes: the two give the
+    same description (data pointer, shape, strides, dtype), so the same results bit for bit, for views with
+    offsets, transposed and size-1 dimensions with any stride, and a broadcast (stride 0) key head (CPU)."""
+    torch = pytest.importorskip("torch")
+
+    class Sub(torch.Tensor):
+        pass
+
+    generator = torch.Generator().manual_seed(0)
+
+    def randn(*size: int) -> object:
+        return torch.randn(*size, dtype=torch.float64, generator=generator)
+
+    q_base, dp_base = randn(2, 4, 7, 10), randn(2, 4, 7, 8)
+    cases = {
+        "contiguous": (randn(2, 4, 6, 8), randn(2, 2, 5, 8), randn(2, 4, 6, 5)),
+        "views": (q_base[:, 1:3, 1:, 2:], randn(2, 1, 8, 5).transpose(-1, -2).expand(2, 2, 5, 8),
+                  dp_base[:, 1:3, 1:, 2:7]),
+        "size-1 dimensions": (q_base[:1, 2:3, :, 2:], randn(1, 3, 8, 9)[:, 1:2, :, 2:7].transpose(-1, -2),
+                              dp_base[:1, 2:3, :, 1:6]),
+    }
+    for name, (q, k, dp) in cases.items():
+        _, lse = _C.torch_forward(q, k, None, True)
+        plain = (*_C.torch_forward(q, k, 0.5, True), *_C.torch_backward(q, k, dp, None, lse, None, True))
+        subs = [x.as_subclass(Sub) for x in (q, k, dp, lse)]
+        other = (*_C.torch_forward(subs[0], subs[1], 0.5, True),
+                 *_C.torch_backward(subs[0], subs[1], subs[2], None, subs[3], None, True))
+        for a, b in zip(plain, other):
+            assert type(a) is torch.Tensor and type(b) is torch.Tensor, name
+            assert torch.equal(a, b), name
+
+
+def test_outputs_are_plain_contiguous_tensors_on_q_device():
+    """The fused calls allocate each output on q's device (q.new_empty on a plain q, torch.empty on any other):
+    a plain, contiguous torch.Tensor that does not require grad, of q's dtype (the LSE float32), whatever q is."""
+    torch = pytest.importorskip("torch")
+
+    class Sub(torch.Tensor):
+        pass
+
+    q = torch.nn.Parameter(torch.randn(1, 2, 3, 4, dtype=torch.float64).transpose(-1, -2).contiguous()
+                           .transpose(-1, -2))
+    k = torch.randn(1, 1, 5, 4, dtype=torch.float64)
+    dp = torch.randn(1, 2, 3, 5, dtype=torch.float64)
+    for query in (q, q.detach().as_subclass(Sub)):
+        p, lse = _C.torch_forward(query, k, None, True)
+        dq, dk = _C.torch_backward(query, k, dp, None, lse, None, True)
+        for out, shape, dtype in ((p, (1, 2, 3, 5), torch.float64), (lse, (1, 2, 3), torch.float32),
+                                  (dq, (1, 2, 3, 4), torch.float64), (dk, (1, 1, 5, 4), torch.float64)):
+            assert type(out) is torch.Tensor and out.shape == shape and out.dtype == dtype
+            assert out.is_contiguous() and not out.requires_grad and out.device == q.device

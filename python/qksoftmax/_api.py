@@ -15,14 +15,13 @@ from ._frames import NUMPY, numpy_frame, type_name
 try:
     import torch
 except ImportError:
-    torch = None
+    _TORCH_TENSOR: Any = ()  # isinstance(x, ()) is False
 else:
     from . import _ops  # registers the custom ops
 
-
-def _is_torch_tensor(x: object) -> bool:
-    """Plain enough for torch.compile to trace without a graph break."""
-    return torch is not None and isinstance(x, torch.Tensor)
+    # What the public functions hand to _ops: an isinstance test inline, plain enough for torch.compile to trace
+    # without a graph break (a helper function would cost a Python call per operation).
+    _TORCH_TENSOR = torch.Tensor
 
 
 def _numpy_call(where: str, q: Any, *tensors: Any) -> None:
@@ -54,7 +53,7 @@ def forward(q: Any, k: Any, *, scale: float | None = None, causal: bool = True) 
     On torch tensors this is torch.ops.qksoftmax.forward (or its C++ call, eager), outside autograd (see
     attention_probs).
     """
-    if _is_torch_tensor(q):
+    if isinstance(q, _TORCH_TENSOR):
         return _ops.forward(q, k, scale, causal)
     _numpy_call(FORWARD, q, ("k", k))
     scale, causal = check_options(FORWARD, scale, causal)
@@ -90,7 +89,7 @@ def backward(
     On torch tensors this is torch.ops.qksoftmax.backward_saved_p or backward_recompute (or their C++ call,
     eager).
     """
-    if _is_torch_tensor(q):
+    if isinstance(q, _TORCH_TENSOR):
         return _ops.backward(q, k, dp, p, lse, scale, causal)
     _numpy_call(BACKWARD, q, ("k", k), ("dp", dp), ("p", p), ("lse", lse))
     scale, causal = check_options(BACKWARD, scale, causal)
@@ -116,6 +115,6 @@ def attention_probs(
     At the benchmark's sizes (docs/SPEC.md) the recompute mode's speed-of-light time is the lower one (it reads half the
     bytes for one more product), and "lse" never holds more memory than "p": hence the default.
     """
-    if not _is_torch_tensor(q):
+    if not isinstance(q, _TORCH_TENSOR):
         raise TypeError(f"{ATTENTION_PROBS}: q must be a torch.Tensor, got {type_name(q)}")
     return _ops.attention_probs(q, k, scale, causal, save)

@@ -42,6 +42,15 @@ __device__ inline float quad_sum(float v) {
   for (int off = 1; off < kLanes; off *= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
   return v;
 }
+// quad_sum of two per-row sums of each of a thread's rows, the rows in lockstep (their shuffle chains overlap).
+template <int kLanes, int kRows>
+__device__ inline void quad_sum_rows(float (&a)[kRows], float (&b)[kRows]) {
+  CUTE_UNROLL
+  for (int ri = 0; ri < kRows; ++ri) {
+    a[ri] = quad_sum<kLanes>(a[ri]);
+    b[ri] = quad_sum<kLanes>(b[ri]);
+  }
+}
 
 // 2^x by the special-function unit alone (ex2.approx.ftz): exp2f adds a range fix-up of three instructions
 // per call for results below 2^-126, which the softmax's outputs (≤ 1, rounded to 16 bits) do not need.

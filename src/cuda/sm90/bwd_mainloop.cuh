@@ -289,11 +289,7 @@ struct BwdMainloop {
           sum[ri] = s.sum();
           dot[ri] = d.sum();
         }
-        CUTE_UNROLL
-        for (int ri = 0; ri < kRows; ++ri) {
-          sum[ri] = quad_sum<kQuad>(sum[ri]);
-          dot[ri] = quad_sum<kQuad>(dot[ri]);
-        }
+        quad_sum_rows<kQuad>(sum, dot);
         CUTE_UNROLL
         for (int ri = 0; ri < kRows; ++ri) {
           part[ri] = base_given ? make_float4(0.0f, 0.0f, dot[ri], 0.0f) : make_float4(mx[ri], sum[ri], dot[ri], 0.0f);
@@ -390,11 +386,7 @@ struct BwdMainloop {
             dot[ri] += x[ri][k].z * e;
           }
         }
-        CUTE_UNROLL
-        for (int ri = 0; ri < kRows; ++ri) {
-          sum[ri] = quad_sum<kQuad>(sum[ri]);
-          dot[ri] = quad_sum<kQuad>(dot[ri]);
-        }
+        quad_sum_rows<kQuad>(sum, dot);
         CUTE_UNROLL
         for (int ri = 0; ri < kRows; ++ri) {
           const float inv = sum[ri] > 0.0f ? rcp_fast(sum[ri]) : 0.0f;

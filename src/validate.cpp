@@ -74,8 +74,7 @@ Status invalid(const std::string& name, const std::string& what) {
   return {Code::kInvalidArgument, name + ": " + what};
 }
 
-// A double as "%g" prints it; the non-finite ones spelt out. (Not through an iostream: on the H200 machine a
-// non-finite scale formatted by std::ostringstream preceded heap corruption, in the test binary and in Python.)
+// A double as "%g" prints it, the non-finite ones spelt out (no iostream on the validation path).
 std::string number_str(double v) {
   if (std::isnan(v)) return "nan";
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
@@ -400,8 +399,8 @@ Status make_problem(const ForwardArgs& args, const Options& options, Problem* pr
     return s;
   }
   ArgList list = {{"q", &args.q, Kind::kQ, Role::kInput},
-                           {"k", &args.k, Kind::kK, Role::kInput},
-                           {"p", &args.p, Kind::kProbs, Role::kOutput}};
+                  {"k", &args.k, Kind::kK, Role::kInput},
+                  {"p", &args.p, Kind::kProbs, Role::kOutput}};
   if (args.lse.present()) list.push_back({"lse", &args.lse, Kind::kLse, Role::kOutput});
   if (Status s = check_args(list); !s.ok()) return s;
 
@@ -442,8 +441,8 @@ Status make_problem(const BackwardArgs& args, const Options& options, Problem* p
                         "options.mode = BackwardMode::kSavedP to use it");
   }
   ArgList list = {{"q", &args.q, Kind::kQ, Role::kInput},
-                           {"k", &args.k, Kind::kK, Role::kInput},
-                           {"dp", &args.dp, Kind::kProbs, Role::kInput}};
+                  {"k", &args.k, Kind::kK, Role::kInput},
+                  {"dp", &args.dp, Kind::kProbs, Role::kInput}};
   if (args.p.present()) list.push_back({"p", &args.p, Kind::kProbs, Role::kInput});
   if (args.lse.present()) list.push_back({"lse", &args.lse, Kind::kLse, Role::kInput});
   list.push_back({"dq", &args.dq, Kind::kDq, Role::kOutput});

@@ -134,7 +134,7 @@ std::vector<Case> sweep() {
   for (size_t e = 0; e < edges.size(); ++e) {
     const int64_t s = edges[e];
     for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
-      if (small_shapes() && (dtype == DType::kFloat16) != (e % 2 == 1)) continue;
+      if (!size_takes(dtype, e)) continue;
       for (Mask mask : kAllMasks) {
         for (Variant variant : kAllVariants) {
           for (bool deterministic : {false, true}) {
@@ -213,7 +213,7 @@ std::vector<Case> single_pass_cases() {
   for (size_t i = 0; i < sizes.size(); ++i) {
     const int64_t s = sizes[i];
     for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
-      if (small_shapes() && (dtype == DType::kFloat16) != (i % 2 == 1)) continue;
+      if (!size_takes(dtype, i)) continue;
       for (Mask mask : kAllMasks) {
         for (Variant variant : kAllVariants) {
           cases.push_back({.B = 1, .Hq = 2, .Hk = 1, .Sq = s, .Sk = s, .D = 128, .dtype = dtype, .mask = mask,

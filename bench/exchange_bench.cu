@@ -2,7 +2,8 @@
 // memory and, at the same time, reduce-add fp32 data into an L2-resident global accumulator with the 1-D bulk
 // reduce, each at nearly its rate alone? The key-block pass of docs/DESIGN.md ("The next design", item 2)
 // needs both per CTA-step, under the step's products: 16 KB pushed (a dQ partial to the partner, which sums
-// it with its own) and 16 KB reduce-added (the summed piece into the fp32 accumulator), every 1.06 µs.
+// it with its own) and 16 KB reduce-added (the summed piece into the fp32 accumulator), every step; a step's
+// time is its products at the cuBLAS bf16 rate per SM measured in the same run (~1.06 µs on an H200).
 //
 // Clusters of two CTAs, one CTA per SM (200 KB of shared memory asked for), as many as are resident; every CTA
 // walks kIterations pieces of 16 KB through two slots per stream:
@@ -29,6 +30,7 @@
 #include <cute/tensor.hpp>  // before the project's Hopper headers, as the library's sources include them
 #include <cutlass/arch/barrier.h>
 
+#include "ceilings.h"
 #include "cuda/sm90/cluster_exchange.cuh"
 #include "cuda_check.h"
 #include "gpu.h"
@@ -66,8 +68,10 @@ constexpr int kWarmup = 3;
 constexpr int kRuns = 10;
 constexpr int kLaunches = kWarmup + kRuns;
 constexpr float kReduceValue = 0.5f;    // sums up to launches × kIterations / kRegionPieces × 0.5: exact
-constexpr double kStepNs = 1060;        // the key-block pass's products per CTA-step (DESIGN.md)
-constexpr double kBudgetGBps = kPieceBytes / kStepNs;  // bytes per ns = GB/s
+// The key-block pass's products per CTA-step (DESIGN.md): Sᵀ, dK and dQ over 64 rows × 128 keys × 128 dims.
+constexpr double kStepFlops = 3.0 * 2 * 64 * 128 * 128;
+constexpr double kFlopsPerTflop = 1e12;
+constexpr double kNsPerS = 1e9;
 constexpr double kNsPerUs = 1e3;
 constexpr int kPushStream = 0, kReduceStream = 1, kStreams = 2;
 static_assert(kPieceVectors % kPushThreads == 0, "whole vectors per pusher");
@@ -242,6 +246,12 @@ Result run(const std::string& json_path) {
   QKB_TRY(device_info(&info));
   Stream stream;
   QKB_TRY(create_stream(&stream));
+  Cublas cublas;
+  QKB_TRY(create_cublas(stream.get(), &cublas));
+  Ceilings ceilings;
+  QKB_TRY(measure_ceilings(stream.get(), cublas.get(), &ceilings));
+  const double step_ns = kStepFlops / (ceilings.bf16_TFLOPs * kFlopsPerTflop / info.sms) * kNsPerS;
+  const double budget_gbps = kPieceBytes / step_ns;  // bytes per ns = GB/s
   QKB_CUDA(cudaFuncSetAttribute(exchange_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   int clusters = 0;
   const Launch probe(1, stream.get());
@@ -254,8 +264,9 @@ Result run(const std::string& json_path) {
   QKB_TRY(b.regions.allocate(size_t(ctas) * kRegionPieces * kPieceBytes));
   QKB_TRY(b.ns.allocate(size_t(kLaunches) * ctas * kStreams * sizeof(unsigned long long)));
   QKB_TRY(b.mismatches.allocate(sizeof(unsigned int)));
-  std::printf("GPU %s, %d SMs: %d clusters of %d CTAs, %d pieces of %d KB per stream and CTA\n", info.name.c_str(),
-              info.sms, clusters, kClusterCtas, kIterations, kPieceBytes / kKilo);
+  std::printf("GPU %s, %d SMs: %d clusters of %d CTAs, %d pieces of %d KB per stream and CTA; cuBLAS bf16 %.0f "
+              "TFLOP/s\n", info.name.c_str(), info.sms, clusters, kClusterCtas, kIterations, kPieceBytes / kKilo,
+              ceilings.bf16_TFLOPs);
   std::printf("%-7s %10s %13s %15s %9s %9s\n", "mode", "launch_us", "push_GB/s/SM", "reduce_GB/s/SM", "sum", "checks");
   Mode modes[] = {{"push", true, false}, {"reduce", false, true}, {"both", true, true}};
   bool checks_ok = true;
@@ -270,11 +281,11 @@ Result run(const std::string& json_path) {
   const Mode &push = modes[0], &reduce = modes[1], &both = modes[2];
   const double push_ratio = both.gbps[kPushStream] / push.gbps[kPushStream];
   const double reduce_ratio = both.gbps[kReduceStream] / reduce.gbps[kReduceStream];
-  const bool clears = both.gbps[kPushStream] >= kBudgetGBps && both.gbps[kReduceStream] >= kBudgetGBps;
+  const bool clears = both.gbps[kPushStream] >= budget_gbps && both.gbps[kReduceStream] >= budget_gbps;
   std::printf("budget: %d KB push + %d KB reduce per %.2f us per SM = %.1f GB/s each\n", kPieceBytes / kKilo,
-              kPieceBytes / kKilo, kStepNs / kNsPerUs, kBudgetGBps);
+              kPieceBytes / kKilo, step_ns / kNsPerUs, budget_gbps);
   std::printf("exchange: at once push %.1f (%.2f of alone), reduce %.1f (%.2f of alone) GB/s per SM; budget %.1f "
-              "each: %s\n", both.gbps[kPushStream], push_ratio, both.gbps[kReduceStream], reduce_ratio, kBudgetGBps,
+              "each: %s\n", both.gbps[kPushStream], push_ratio, both.gbps[kReduceStream], reduce_ratio, budget_gbps,
               clears ? "clears" : "below");
   if (!json_path.empty()) {
     std::FILE* f = std::fopen(json_path.c_str(), "w");
@@ -282,9 +293,9 @@ Result run(const std::string& json_path) {
     char date[32];
     const std::time_t now = std::time(nullptr);
     std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-    std::fprintf(f, "{\"gpu\": \"%s\", \"date\": \"%s\", \"clusters\": %d, \"iterations\": %d, \"piece_bytes\": %d, "
-                 "\"budget_GBps\": %.2f, \"modes\": [", info.name.c_str(), date, clusters, kIterations, kPieceBytes,
-                 kBudgetGBps);
+    std::fprintf(f, "{\"gpu\": \"%s\", \"date\": \"%s\", \"bf16_TFLOPs\": %.1f, \"clusters\": %d, \"iterations\": %d, "
+                 "\"piece_bytes\": %d, \"step_us\": %.3f, \"budget_GBps\": %.2f, \"modes\": [", info.name.c_str(), date,
+                 ceilings.bf16_TFLOPs, clusters, kIterations, kPieceBytes, step_ns / kNsPerUs, budget_gbps);
     for (const Mode& m : modes) {
       std::fprintf(f, "%s\n  {\"mode\": \"%s\", \"launch_us\": %.2f, \"push_GBps\": %.3f, \"reduce_GBps\": %.3f}",
                    &m == modes ? "" : ",", m.name, m.launch_us, m.gbps[kPushStream], m.gbps[kReduceStream]);

@@ -11,11 +11,13 @@
 #                                               # A/B: the bench again from a build per ';'-separated variant
 #   scripts/export-revs.sh main my-branch; STAGES="revs" scripts/gpu-check.sh   (carry .deps and build/revs)
 #                                               # A/B of whole revisions: each built, then benched in turns
-#   STAGES="build sanitize-all stress fuzz" BUDGET_S=580 scripts/gpu-check.sh
+#   STAGES="build sanitize-all stress fuzz" CMAKE_ARGS=-DQKSOFTMAX_BUILD_BENCH=OFF SANITIZE_SHARDS=6 \
+#     SANITIZE_SHARDS_RACECHECK=12 SANITIZE_SECONDS=330 STRESS_SECONDS=20 FUZZ_SECONDS=20 BUDGET_S=585 scripts/gpu-check.sh
 #                                               # reliability: every sanitizer over the whole GPU test suite,
 #                                               # the stress run, the API fuzzer; counts in h200-reliability.json
-#                                               # (about 6 minutes for the three, by their limits
-#                                               # SANITIZE_SECONDS, STRESS_SECONDS and FUZZ_SECONDS)
+#                                               # (about 8 minutes: the build, then the three by their limits)
+#   STAGES="revs kernels" REVS_ROUNDS=0 PROFILE_BENCHES="a=build/gpu-rev-a/bench/qksoftmax-bench" \
+#     PROFILE_LAUNCHES=3 scripts/gpu-check.sh    # each backward kernel's time and DRAM bytes, per revision
 #   STAGES="build crash" scripts/gpu-check.sh   # a native backtrace of one pytest test (CRASH_TEST) that crashes
 #
 # Needs .deps/ (scripts/deps.sh, run where there is network; carry it with the call).
@@ -36,13 +38,18 @@ SANITIZE_FILTER=${SANITIZE_FILTER:-'*GpuVsCpu*S65x65_D64*:*GpuVsCpu*S136x136_D12
 # shard still running then is stopped and counted as incomplete, with the tests it finished.
 SANITIZE_TOOLS=${SANITIZE_TOOLS:-"memcheck racecheck synccheck initcheck"}
 SANITIZE_SHARDS=${SANITIZE_SHARDS:-4}
+SANITIZE_SHARDS_RACECHECK=${SANITIZE_SHARDS_RACECHECK:-$SANITIZE_SHARDS}  # racecheck is the slowest tool
 SANITIZE_ALL_FILTER=${SANITIZE_ALL_FILTER:-'*'}
 SANITIZE_SECONDS=${SANITIZE_SECONDS:-210}
 # tool:pattern pairs: tests a tool leaves out (GoogleTest negative patterns). IndexingPast2To31Elements serves
 # size alone (9 GB of P and dP, past 2^31 elements): memcheck, which sees an offset that overflows as an
 # out-of-bounds access, runs it; the shared-memory, barrier and initialisation tools, which would track every
 # access of its 2.2e9-element kernels, see no kernel or tail path in it that the other tests do not run.
-SANITIZE_SKIP=${SANITIZE_SKIP:-"racecheck:*IndexingPast2To31Elements* synccheck:*IndexingPast2To31Elements* initcheck:*IndexingPast2To31Elements*"}
+# Racecheck (5-15x slower than the other tools) also leaves out the families that add only volume or values on
+# kernels and tail paths that Sweep and Edges already run: Items (every block of a large grid), Heads (many
+# items per launch), Bias (values with a large common part) and GpuDeterminism (two runs compared bit for bit,
+# the single pass at S = 1000 and 512); a shared-memory hazard is within a CTA or a cluster, whatever the grid.
+SANITIZE_SKIP=${SANITIZE_SKIP:-"racecheck:*IndexingPast2To31Elements* racecheck:Items/*:Heads/*:Bias/*:Modes/GpuDeterminism.* synccheck:*IndexingPast2To31Elements* initcheck:*IndexingPast2To31Elements*"}
 STRESS_SECONDS=${STRESS_SECONDS:-60}    # stage stress: the concurrent phase (then graphs, repeats, memory)
 STRESS_THREADS=${STRESS_THREADS:-4}
 STRESS_EXTRA_S=${STRESS_EXTRA_S:-90}    # the stress run's limit past STRESS_SECONDS: the other phases, a hang
@@ -58,6 +65,11 @@ SMOKE_FILTER=${SMOKE_FILTER:-'*GpuVsCpu*S520x520_D128*:*GpuVsCpu*S1024x1024_D128
 # backward). Per-source-line tables: scripts/ncu_lines.py on the saved CSVs.
 PROFILE_CASES=${PROFILE_CASES:-"4,128,512,128 4,128,1024,128"}
 PROFILE_MODES=${PROFILE_MODES:-"recompute saved_p forward"}
+# The backward's kernels profiled, PROFILE_LAUNCHES launches of them from the first call (3: the row statistics,
+# the key-block or column pass and the conversion of the two-pass backward).
+PROFILE_KERNELS=${PROFILE_KERNELS:-'bwd_kernel|colpass|kb_kernel|rowstats|convert_dq'}
+PROFILE_LAUNCHES=${PROFILE_LAUNCHES:-1}
+KERNEL_CASES=${KERNEL_CASES:-"1,16,1024,128 1,16,1024,128,nomask 8,128,1024,128"}  # stage kernels
 PROFILE_IMPL=${PROFILE_IMPL:-qksoftmax}  # qksoftmax_deterministic: the single pass at every Sk ≤ 1024
 BENCH_ARGS=${BENCH_ARGS:-"--suite all --mode all --dtype bf16"}
 STEP_ARGS=${STEP_ARGS:-}  # stage step: "--trace" adds each case's cycles per step by phase and role
@@ -67,6 +79,7 @@ AB_CUDA_FLAGS=${AB_CUDA_FLAGS:-}
 # stage revs: the trees of scripts/export-revs.sh, each built (bench only) and benched with BENCH_ARGS into
 # $OUT/rev-<name>-<round>.json, REVS_ROUNDS rounds in turns (A B A B: drift of the machine shows as such).
 REVS_ROUNDS=${REVS_ROUNDS:-2}
+REVS_TIMEOUT_S=${REVS_TIMEOUT_S:-180}  # one bench of one tree at most (a revision whose kernel hangs)
 # REVS_STEP=1: each tree's step micro-benchmark too (STEP_ARGS), after its bench in every round.
 REVS_STEP=${REVS_STEP:-0}
 BENCH_TARGETS="qksoftmax-bench"
@@ -192,20 +205,29 @@ if has_stage ab; then
 fi
 
 if has_stage revs; then
+  # The trees build at once (each on every core): a tree's build ends on a few long files, which the other
+  # trees' files fill around.
   revs=()
+  names=()
+  pids=()
   for tree in build/revs/*/; do
     name=$(basename "$tree")
-    if build_bench "rev-$name" "$tree" "build/gpu-rev-$name" \
-          -DQKSOFTMAX_CUTLASS_INCLUDE_DIR="$PWD/.deps/cutlass/include"; then
-      revs+=("$name")
+    names+=("$name")
+    build_bench "rev-$name" "$tree" "build/gpu-rev-$name" \
+        -DQKSOFTMAX_CUTLASS_INCLUDE_DIR="$PWD/.deps/cutlass/include" > /dev/null &
+    pids+=($!)
+  done
+  for i in "${!names[@]}"; do
+    if wait "${pids[$i]}"; then
+      revs+=("${names[$i]}")
     else
-      record "rev $name" FAIL "build: see logs/rev-$name-*.log"
+      record "rev ${names[$i]}" FAIL "build: see logs/rev-${names[$i]}-*.log"
     fi
   done
   for round in $(seq 1 "$REVS_ROUNDS"); do
     for name in "${revs[@]}"; do
-      if run_logged "rev-$name-$round" "build/gpu-rev-$name/bench/qksoftmax-bench" $BENCH_ARGS \
-            --json "$OUT/rev-$name-$round.json"; then
+      if BUDGET_S=$(within "$REVS_TIMEOUT_S") run_logged "rev-$name-$round" "build/gpu-rev-$name/bench/qksoftmax-bench" \
+            $BENCH_ARGS --json "$OUT/rev-$name-$round.json"; then
         means=$(grep -E '^suite' "$LOGS/rev-$name-$round.log" | sed -E 's/.*mean ([0-9.]+ us).*/\1/' | paste -sd' ')
         record "rev $round" ok "$name ($(cat "build/revs/$name/REVISION" 2>/dev/null)): $means"
       else
@@ -303,8 +325,12 @@ if has_stage sanitize-all; then
   limit=$(($(left) - later < SANITIZE_SECONDS ? $(left) - later : SANITIZE_SECONDS))
   [ "$limit" -lt 1 ] && limit=1
   suite_counts=""
+  shard_counts=""
   t0=$SECONDS
   for tool in $SANITIZE_TOOLS; do
+    shards=$SANITIZE_SHARDS
+    [ "$tool" = racecheck ] && shards=$SANITIZE_SHARDS_RACECHECK
+    shard_counts+="$tool=$shards "
     leak=""
     [ "$tool" = memcheck ] && leak="--leak-check full"
     filter=$SANITIZE_ALL_FILTER
@@ -314,19 +340,19 @@ if has_stage sanitize-all; then
     if [ -n "$skipped" ]; then [[ $filter == *-* ]] && filter+=":$skipped" || filter+="-$skipped"; fi
     count=$(QKSOFTMAX_TEST_SHAPES=small "$tests_bin" --gtest_filter="$filter" --gtest_list_tests | grep -c '^  ')
     suite_counts+="$tool=$count "
-    echo "=== sanitize-all: $tool over $count tests ($filter), $SANITIZE_SHARDS shards, at most $limit s"
-    for shard in $(seq 0 $((SANITIZE_SHARDS - 1))); do
+    echo "=== sanitize-all: $tool over $count tests ($filter), $shards shards, at most $limit s"
+    for shard in $(seq 0 $((shards - 1))); do
       name=$LOGS/sanitize-all/sanitize-all-$tool-$shard
       # Not --gtest_brief: every test's line with its time, so that a shard stopped at the limit still says
       # which tests it finished, and the log says which tests take the time under each tool.
-      ( QKSOFTMAX_TEST_SHAPES=small QKSOFTMAX_TEST_RESET_DEVICE=1 GTEST_TOTAL_SHARDS=$SANITIZE_SHARDS GTEST_SHARD_INDEX=$shard \
+      ( QKSOFTMAX_TEST_SHAPES=small QKSOFTMAX_TEST_RESET_DEVICE=1 GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$shard \
           timeout -k 10 "$limit" compute-sanitizer --tool "$tool" $leak --error-exitcode 1 "$tests_bin" \
           --gtest_filter="$filter" --gtest_output="json:$name.json" > "$name.log" 2>&1
         echo $? > "$name.rc" ) &
     done
   done
   wait
-  if python3 scripts/reliability.py sanitize "$LOGS/sanitize-all" "$suite_counts" "$SANITIZE_SHARDS" \
+  if python3 scripts/reliability.py sanitize "$LOGS/sanitize-all" "$suite_counts" "$shard_counts" \
        $((SECONDS - t0)) "$RELIABILITY/sanitize.json" > "$LOGS/sanitize-all.log" 2>&1; then
     while read -r line; do
       tool=${line%%:*}
@@ -384,15 +410,21 @@ fi
 if has_stage profile; then
   # Full ncu sets with source-level stall sampling of the Hopper kernels; the reports come back in
   # $OUT (open with ncu-ui or `ncu --import`), their details and the hottest SASS lines as text in the logs.
-  bench_bin=$(find $BUILD -name qksoftmax-bench -type f | head -1)
+  # PROFILE_BENCHES: name=binary pairs (a revs tree's bench: rev=build/gpu-rev-rev/bench/qksoftmax-bench),
+  # else this tree's build.
+  benches=${PROFILE_BENCHES:-"$(find $BUILD -name qksoftmax-bench -type f | head -1)"}
+  for bench in $benches; do
+  tag=${bench%%=*}
+  bench_bin=${bench#*=}
+  [ "$tag" = "$bench" ] && tag=""
   for case in $PROFILE_CASES; do
     for mode in $PROFILE_MODES; do
       # (saved-P inputs come from the forward: that mode's filter must not take the forward kernel)
-      kernels='regex:bwd_kernel|colpass|rowstats|convert_dq'
+      kernels="regex:$PROFILE_KERNELS"
       [ "$mode" = forward ] && kernels='regex:forward_(stripe_)?kernel'
-      name="ncu-$mode-S$(echo "$case" | cut -d, -f3)"
+      name="ncu${tag:+-$tag}-$mode-S$(echo "$case" | cut -d, -f3)"
       run_logged "$name" ncu --clock-control none --set full --import-source yes \
-        -k "$kernels" --launch-count 1 -f -o "$OUT/$name" \
+        -k "$kernels" --launch-count "$PROFILE_LAUNCHES" -f -o "$OUT/$name" \
         "$bench_bin" --case "$case" --mode $mode --impl "$PROFILE_IMPL" --runs 20 --warmup 3
       ncu --import "$OUT/$name.ncu-rep" --page details --print-details all > "$LOGS/$name-details.log" 2>&1
       ncu --import "$OUT/$name.ncu-rep" --page source --print-source sass --csv > "$LOGS/$name-sass.csv" 2>&1
@@ -400,7 +432,35 @@ if has_stage profile; then
       python3 scripts/ncu_stalls.py "$LOGS/$name-sass.csv" > "$LOGS/$name-stalls.log" 2>&1 || true
     done
   done
+  done
   record profile info "$(cat "$LOGS"/ncu-*-details.log 2>/dev/null | grep -c 'Section: GPU Speed Of Light') kernel reports, ncu-*.ncu-rep"
+fi
+
+if has_stage kernels; then
+  # Each backward kernel's time and DRAM bytes (ncu, caches left as the previous kernel left them, so that a
+  # pass's second read shows as an L2 hit): KERNEL_CASES are B,H,S,D or B,H,S,D,nomask; a table per bench in
+  # logs/kernels.log.
+  benches=${PROFILE_BENCHES:-"$(find $BUILD -name qksoftmax-bench -type f | head -1)"}
+  for bench in $benches; do
+    tag=${bench%%=*}
+    bench_bin=${bench#*=}
+    [ "$tag" = "$bench" ] && tag=main
+    for case in $KERNEL_CASES; do
+      shape=$(echo "$case" | cut -d, -f1-4)
+      mask=""
+      [[ "$case" == *,nomask ]] && mask=--no-mask
+      for mode in $PROFILE_MODES; do
+        name="kernels-$tag-$mode-$(echo "$case" | tr ',' '_')"
+        run_logged "$name" ncu --clock-control none --cache-control none --section SpeedOfLight \
+          --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum \
+          -k "regex:$PROFILE_KERNELS" --launch-count "$PROFILE_LAUNCHES" --csv --page details \
+          "$bench_bin" --case "$shape" $mask --mode $mode --impl "$PROFILE_IMPL" --runs 20 --warmup 3 > "$LOGS/$name.csv" 2>&1
+        python3 scripts/ncu_kernels.py --title "$tag $mode $case" "$LOGS/$name.csv" >> "$LOGS/kernels.log" 2>&1
+      done
+    done
+  done
+  cat "$LOGS/kernels.log"
+  record kernels info "per-kernel times: logs/kernels.log"
 fi
 
 if has_stage host; then  # host time per call of each layer of the torch path (docs/PYTORCH.md, "Host time")

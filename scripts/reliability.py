@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The counts of scripts/gpu-check.sh's reliability stages, as one JSON file.
 
-    reliability.py sanitize DIR "TOOL=TESTS ..." SHARDS SECONDS OUT
+    reliability.py sanitize DIR "TOOL=TESTS ..." "TOOL=SHARDS ..." SECONDS OUT
         every sanitizer's shards of the GPU test suite (DIR/sanitize-all-<tool>-<shard>.{log,json,rc}), each
         tool over its TESTS tests -> OUT
     reliability.py stress COUNTS STATUS SECONDS THREADS OUT
@@ -58,15 +58,15 @@ def gtest_counts(report: Path) -> dict[str, int] | None:
     return counts
 
 
-def sanitize(directory: Path, suite: dict[str, int], shards: int, seconds: int, out: Path) -> None:
-    result = {"shards_per_tool": shards, "seconds": seconds, "tools": {}}
+def sanitize(directory: Path, suite: dict[str, int], shards_of: dict[str, int], seconds: int, out: Path) -> None:
+    result = {"shards_per_tool": shards_of, "seconds": seconds, "tools": {}}
     for tool, suite_tests in suite.items():
         entry = {"suite_tests": suite_tests, "tests_run": 0, "tests_failed": 0, "tests_skipped": 0, "errors": 0,
                  "api_errors": 0, "api_error_calls": {}, "incomplete_shards": 0, "timed_out_shards": 0}
         if tool == "racecheck":
             entry["hazard_warnings"] = 0
         times: list[tuple[int, str]] = []
-        for shard in range(shards):
+        for shard in range(shards_of[tool]):
             stem = directory / f"sanitize-all-{tool}-{shard}"
             log = stem.with_suffix(".log").read_text(errors="replace") if stem.with_suffix(".log").exists() else ""
             rc_file = stem.with_suffix(".rc")
@@ -160,7 +160,8 @@ def fuzz(device: str, status: int, report: Path) -> None:
 def main(argv: list[str]) -> int:
     if len(argv) == 6 and argv[0] == "sanitize":
         suite = {tool: int(count) for tool, count in (pair.split("=") for pair in argv[2].split())}
-        sanitize(Path(argv[1]), suite, int(argv[3]), int(argv[4]), Path(argv[5]))
+        shards = {tool: int(count) for tool, count in (pair.split("=") for pair in argv[3].split())}
+        sanitize(Path(argv[1]), suite, shards, int(argv[4]), Path(argv[5]))
     elif len(argv) == 6 and argv[0] == "stress":
         stress(Path(argv[1]), int(argv[2]), float(argv[3]), int(argv[4]), Path(argv[5]))
     elif len(argv) == 4 and argv[0] == "fuzz":

@@ -19,6 +19,7 @@
 #   STAGES="revs kernels" REVS_ROUNDS=0 PROFILE_BENCHES="a=build/gpu-rev-a/bench/qksoftmax-bench" \
 #     PROFILE_LAUNCHES=3 scripts/gpu-check.sh    # each backward kernel's time and DRAM bytes, per revision
 #   STAGES="build crash" scripts/gpu-check.sh   # a native backtrace of one pytest test (CRASH_TEST) that crashes
+#   STAGES="micro" scripts/gpu-check.sh         # the products of a step by shape against cuBLAS (qksoftmax-wgmma)
 #
 # Needs .deps/ (scripts/deps.sh, run where there is network; carry it with the call).
 # shellcheck disable=SC2086
@@ -176,6 +177,15 @@ if has_stage step; then  # the single-pass backward's step micro-benchmark (L2-r
     else
       record exchange FAIL "see logs/exchange.log"
     fi
+  fi
+fi
+
+if has_stage micro; then  # the product-rate micro-benchmark alone: its own bench-only build (about a minute)
+  if BENCH_TARGETS=qksoftmax-wgmma build_bench micro . build/gpu-micro &&
+     run_logged wgmma build/gpu-micro/bench/qksoftmax-wgmma "$OUT/h200-wgmma.json"; then
+    record wgmma ok "$(grep -E '^(SS|RS) n(64|128) x2 ' "$LOGS/wgmma.log" | awk '{print $1 "/" $2 " " $(NF-1)}' | paste -sd' ')"
+  else
+    record wgmma FAIL "see logs/micro-*.log, logs/wgmma.log"
   fi
 fi
 

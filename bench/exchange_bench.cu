@@ -23,17 +23,16 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
-#include <ctime>
 #include <string>
 #include <vector>
 
 #include <cute/tensor.hpp>  // before the project's Hopper headers, as the library's sources include them
 #include <cutlass/arch/barrier.h>
 
-#include "ceilings.h"
 #include "cuda/sm90/cluster_exchange.cuh"
 #include "cuda_check.h"
 #include "gpu.h"
+#include "micro.h"
 #include "results.h"
 #include "timing.h"
 
@@ -242,19 +241,16 @@ Result run_mode(cudaStream_t stream, int ctas, const Buffers& b, Mode* m, unsign
 }
 
 Result run(const std::string& json_path) {
-  DeviceInfo info;
-  QKB_TRY(device_info(&info));
-  Stream stream;
-  QKB_TRY(create_stream(&stream));
-  Cublas cublas;
-  QKB_TRY(create_cublas(stream.get(), &cublas));
-  Ceilings ceilings;
-  QKB_TRY(measure_ceilings(stream.get(), cublas.get(), &ceilings));
+  MicroRun micro;
+  QKB_TRY(start_micro(&micro));
+  const DeviceInfo& info = micro.info;
+  const Ceilings& ceilings = micro.ceilings;
+  cudaStream_t stream = micro.stream.get();
   const double step_ns = kStepFlops / (ceilings.bf16_TFLOPs * kFlopsPerTflop / info.sms) * kNsPerS;
   const double budget_gbps = kPieceBytes / step_ns;  // bytes per ns = GB/s
   QKB_CUDA(cudaFuncSetAttribute(exchange_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   int clusters = 0;
-  const Launch probe(1, stream.get());
+  const Launch probe(1, stream);
   QKB_CUDA(cudaOccupancyMaxActiveClusters(&clusters, exchange_kernel, &probe.config));
   if (clusters <= 0) {
     return Result("no cluster of two CTAs with " + std::to_string(kSmemBytes / kKilo) + " KB of shared memory fits");
@@ -272,7 +268,7 @@ Result run(const std::string& json_path) {
   bool checks_ok = true;
   for (Mode& m : modes) {
     unsigned int wrong = 0;
-    QKB_TRY(run_mode(stream.get(), ctas, b, &m, &wrong));
+    QKB_TRY(run_mode(stream, ctas, b, &m, &wrong));
     checks_ok = checks_ok && wrong == 0;
     std::printf("%-7s %10.1f %13.2f %15.2f %9.2f %9s\n", m.name, m.launch_us, m.gbps[kPushStream],
                 m.gbps[kReduceStream], m.gbps[kPushStream] + m.gbps[kReduceStream],
@@ -288,14 +284,11 @@ Result run(const std::string& json_path) {
               "each: %s\n", both.gbps[kPushStream], push_ratio, both.gbps[kReduceStream], reduce_ratio, budget_gbps,
               clears ? "clears" : "below");
   if (!json_path.empty()) {
-    std::FILE* f = std::fopen(json_path.c_str(), "w");
-    if (f == nullptr) return Result("cannot write " + json_path);
-    char date[32];
-    const std::time_t now = std::time(nullptr);
-    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-    std::fprintf(f, "{\"gpu\": \"%s\", \"date\": \"%s\", \"bf16_TFLOPs\": %.1f, \"clusters\": %d, \"iterations\": %d, "
-                 "\"piece_bytes\": %d, \"step_us\": %.3f, \"budget_GBps\": %.2f, \"modes\": [", info.name.c_str(), date,
-                 ceilings.bf16_TFLOPs, clusters, kIterations, kPieceBytes, step_ns / kNsPerUs, budget_gbps);
+    std::FILE* f = nullptr;
+    QKB_TRY(open_micro_json(json_path, micro, &f));
+    std::fprintf(f, ", \"clusters\": %d, \"iterations\": %d, \"piece_bytes\": %d, \"step_us\": %.3f, "
+                 "\"budget_GBps\": %.2f, \"modes\": [", clusters, kIterations, kPieceBytes, step_ns / kNsPerUs,
+                 budget_gbps);
     for (const Mode& m : modes) {
       std::fprintf(f, "%s\n  {\"mode\": \"%s\", \"launch_us\": %.2f, \"push_GBps\": %.3f, \"reduce_GBps\": %.3f}",
                    &m == modes ? "" : ",", m.name, m.launch_us, m.gbps[kPushStream], m.gbps[kReduceStream]);
@@ -313,9 +306,5 @@ Result run(const std::string& json_path) {
 
 // qksoftmax-exchange [results.json]
 int main(int argc, char** argv) {
-  if (const qkbench::Result r = qkbench::run(argc > 1 ? argv[1] : ""); !r.ok()) {
-    std::fprintf(stderr, "qksoftmax-exchange: %s\n", r.message().c_str());
-    return 1;
-  }
-  return 0;
+  return qkbench::micro_exit("qksoftmax-exchange", qkbench::run(argc > 1 ? argv[1] : ""));
 }

@@ -10,15 +10,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <string>
 #include <vector>
 
-#include "ceilings.h"
 #include "cuda/sm90/bwd_launch.cuh"
 #include "cuda/sm90_instances.h"
 #include "cuda_check.h"
 #include "gpu.h"
+#include "micro.h"
 #include "timing.h"
 
 namespace qkbench {
@@ -156,14 +155,11 @@ Result run_case(cudaStream_t stream, bool saved_p, int cluster, int clusters, do
 }
 
 Result run(const std::string& json_path, bool trace) {
-  DeviceInfo info;
-  QKB_TRY(device_info(&info));
-  Stream stream;
-  QKB_TRY(create_stream(&stream));
-  Cublas cublas;
-  QKB_TRY(create_cublas(stream.get(), &cublas));
-  Ceilings ceilings;
-  QKB_TRY(measure_ceilings(stream.get(), cublas.get(), &ceilings));
+  MicroRun micro;
+  QKB_TRY(start_micro(&micro));
+  const DeviceInfo& info = micro.info;
+  const Ceilings& ceilings = micro.ceilings;
+  cudaStream_t stream = micro.stream.get();
   std::printf("GPU %s, %d SMs; cuBLAS bf16 %.0f TFLOP/s (%.2f per SM)\n", info.name.c_str(), info.sms,
               ceilings.bf16_TFLOPs, ceilings.bf16_TFLOPs / info.sms);
   std::printf("%-10s %7s %9s %12s %8s\n", "mode", "cluster", "launch_us", "step_us/SM", "tensor");
@@ -175,20 +171,16 @@ Result run(const std::string& json_path, bool trace) {
                                    : qksoftmax::cuda::sm90_bwd_resident_clusters<Recompute>(cluster);
       if (clusters <= 0) return Result("no cluster of " + std::to_string(cluster) + " CTAs fits the device");
       StepResult r;
-      QKB_TRY(run_case(stream.get(), saved_p, cluster, clusters, ceilings.bf16_TFLOPs, trace, &r));
+      QKB_TRY(run_case(stream, saved_p, cluster, clusters, ceilings.bf16_TFLOPs, trace, &r));
       std::printf("%-10s %7d %9.1f %12.3f %7.1f%%\n", r.mode.c_str(), r.cluster, r.us, r.step_us,
                   100.0 * r.tensor_share);
       results.push_back(r);
     }
   }
   if (json_path.empty()) return {};
-  std::FILE* f = std::fopen(json_path.c_str(), "w");
-  if (f == nullptr) return Result("cannot write " + json_path);
-  char date[32];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  std::fprintf(f, "{\"gpu\": \"%s\", \"date\": \"%s\", \"bf16_TFLOPs\": %.1f, \"repeat\": %d, \"steps\": [",
-               info.name.c_str(), date, ceilings.bf16_TFLOPs, kRepeat);
+  std::FILE* f = nullptr;
+  QKB_TRY(open_micro_json(json_path, micro, &f));
+  std::fprintf(f, ", \"repeat\": %d, \"steps\": [", kRepeat);
   for (size_t i = 0; i < results.size(); ++i) {
     const StepResult& r = results[i];
     std::fprintf(f, "%s\n  {\"mode\": \"%s\", \"cluster\": %d, \"launch_us\": %.2f, \"step_us\": %.4f, \"tensor_share\": %.4f}",
@@ -214,9 +206,5 @@ int main(int argc, char** argv) {
       json = arg;
     }
   }
-  if (const qkbench::Result r = qkbench::run(json, trace); !r.ok()) {
-    std::fprintf(stderr, "qksoftmax-step: %s\n", r.message().c_str());
-    return 1;
-  }
-  return 0;
+  return qkbench::micro_exit("qksoftmax-step", qkbench::run(json, trace));
 }

@@ -15,7 +15,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
-#include <ctime>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -25,9 +24,9 @@
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cutlass/numeric_types.h>
 
-#include "ceilings.h"
 #include "cuda_check.h"
 #include "gpu.h"
+#include "micro.h"
 #include "results.h"
 #include "timing.h"
 
@@ -182,15 +181,9 @@ Result run_config(cudaStream_t stream, int sms, double cublas_per_sm, Config* c)
 }
 
 Result run(const std::string& json_path) {
-  DeviceInfo info;
-  QKB_TRY(device_info(&info));
-  Stream stream;
-  QKB_TRY(create_stream(&stream));
-  Cublas cublas;
-  QKB_TRY(create_cublas(stream.get(), &cublas));
-  Ceilings ceilings;
-  QKB_TRY(measure_ceilings(stream.get(), cublas.get(), &ceilings));
-  const double cublas_per_sm = ceilings.bf16_TFLOPs / info.sms;
+  MicroRun micro;
+  QKB_TRY(start_micro(&micro));
+  const double cublas_per_sm = micro.ceilings.bf16_TFLOPs / micro.info.sms;
   std::vector<Config> configs = {
       config<64, false, 1, false>("SS n64 x1"),   config<64, false, 2, false>("SS n64 x2"),
       config<64, false, 3, false>("SS n64 x3"),   config<64, false, 2, true>("SS n64 x2 +loads"),
@@ -203,20 +196,17 @@ Result run(const std::string& json_path) {
       config<256, false, 2, false>("SS n256 x2"), config<256, false, 2, true>("SS n256 x2 +loads"),
   };
   std::printf("GPU %s, %d SMs, one CTA per SM, %d batches of K = %d per warpgroup; cuBLAS bf16 %.0f TFLOP/s = "
-              "%.3f per SM\n", info.name.c_str(), info.sms, kBatches, kK, ceilings.bf16_TFLOPs, cublas_per_sm);
+              "%.3f per SM\n", micro.info.name.c_str(), micro.info.sms, kBatches, kK, micro.ceilings.bf16_TFLOPs,
+              cublas_per_sm);
   std::printf("%-20s %14s %9s %16s\n", "product", "TFLOP/s/SM", "of cuBLAS", "loads GB/s/SM");
   for (Config& c : configs) {
-    QKB_TRY(run_config(stream.get(), info.sms, cublas_per_sm, &c));
+    QKB_TRY(run_config(micro.stream.get(), micro.info.sms, cublas_per_sm, &c));
     std::printf("%-20s %14.3f %8.1f%% %16.1f\n", c.name, c.tflops_per_sm, 100 * c.share, c.noise_gbps);
   }
   if (!json_path.empty()) {
-    std::FILE* f = std::fopen(json_path.c_str(), "w");
-    if (f == nullptr) return Result("cannot write " + json_path);
-    char date[32];
-    const std::time_t now = std::time(nullptr);
-    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-    std::fprintf(f, "{\"gpu\": \"%s\", \"date\": \"%s\", \"bf16_TFLOPs\": %.1f, \"sms\": %d, \"batches\": %d, "
-                 "\"k\": %d, \"products\": [", info.name.c_str(), date, ceilings.bf16_TFLOPs, info.sms, kBatches, kK);
+    std::FILE* f = nullptr;
+    QKB_TRY(open_micro_json(json_path, micro, &f));
+    std::fprintf(f, ", \"sms\": %d, \"batches\": %d, \"k\": %d, \"products\": [", micro.info.sms, kBatches, kK);
     for (const Config& c : configs) {
       std::fprintf(f, "%s\n  {\"name\": \"%s\", \"n\": %d, \"a_from_registers\": %s, \"warpgroups\": %d, "
                    "\"loads\": %s, \"TFLOPs_per_SM\": %.4f, \"share_of_cublas\": %.4f, \"loads_GBps_per_SM\": %.2f}",
@@ -234,9 +224,5 @@ Result run(const std::string& json_path) {
 
 // qksoftmax-wgmma [results.json]
 int main(int argc, char** argv) {
-  if (const qkbench::Result r = qkbench::run(argc > 1 ? argv[1] : ""); !r.ok()) {
-    std::fprintf(stderr, "qksoftmax-wgmma: %s\n", r.message().c_str());
-    return 1;
-  }
-  return 0;
+  return qkbench::micro_exit("qksoftmax-wgmma", qkbench::run(argc > 1 ? argv[1] : ""));
 }

@@ -8,14 +8,15 @@ import argparse
 import csv
 import sys
 
-WANTED = {
-    "Duration": "us",
-    "dram__bytes_read.sum": "DRAM rd",
-    "dram__bytes_write.sum": "DRAM wr",
-    "lts__t_bytes.sum": "L2",
-    "DRAM Throughput": "DRAM %",
-    "Compute (SM) Throughput": "SM %",
-    "L2 Cache Throughput": "L2 %",
+# ncu's metric (or SpeedOfLight line) -> (column, divisor into the unit printed, format)
+COLUMNS = {
+    "Duration": ("us", 1.0, "9.1f"),
+    "dram__bytes_read.sum": ("DRAM rd GB", 1e9, "10.3f"),
+    "dram__bytes_write.sum": ("DRAM wr GB", 1e9, "10.3f"),
+    "lts__t_bytes.sum": ("L2 GB", 1e9, "8.3f"),
+    "DRAM Throughput": ("DRAM %", 1.0, "7.1f"),
+    "Compute (SM) Throughput": ("SM %", 1.0, "6.1f"),
+    "L2 Cache Throughput": ("L2 %", 1.0, "6.1f"),
 }
 SCALE = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6, "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}
 
@@ -43,23 +44,21 @@ def main():
     for r in rows[1:]:
         key = (r[col["ID"]], r[col["Kernel Name"]])
         name, unit, value = r[col["Metric Name"]], r[col["Metric Unit"]], number(r[col["Metric Value"]])
-        if name in WANTED and value is not None:
+        if name in COLUMNS and value is not None:
             if name == "Duration":
                 value *= SCALE.get(unit, 1.0)
             elif unit in SCALE and unit != "us":
                 value *= SCALE[unit]
             launches.setdefault(key, {})[name] = value
     print(f"## {args.title}")
-    print(f"{'kernel':40s} {'us':>9s} {'DRAM rd GB':>10s} {'DRAM wr GB':>10s} {'L2 GB':>8s} {'DRAM %':>7s} {'SM %':>6s} {'L2 %':>6s}")
+    widths = {metric: int(fmt.split(".")[0]) for metric, (_, _, fmt) in COLUMNS.items()}
+    print(f"{'kernel':40s} " + " ".join(f"{label:>{widths[m]}s}" for m, (label, _, _) in COLUMNS.items()))
     total = 0.0
-    for (lid, kernel), v in launches.items():
+    for (_, kernel), v in launches.items():
         short = kernel.split("(")[0].replace("void ", "")[:40]
-        g = lambda k, d=1e9: v.get(k, float("nan")) / d
         total += v.get("Duration", 0.0)
-        print(f"{short:40s} {v.get('Duration', float('nan')):9.1f} {g('dram__bytes_read.sum'):10.3f} "
-              f"{g('dram__bytes_write.sum'):10.3f} {g('lts__t_bytes.sum'):8.3f} "
-              f"{v.get('DRAM Throughput', float('nan')):7.1f} "
-              f"{v.get('Compute (SM) Throughput', float('nan')):6.1f} {v.get('L2 Cache Throughput', float('nan')):6.1f}")
+        cells = (format(v.get(m, float("nan")) / div, fmt) for m, (_, div, fmt) in COLUMNS.items())
+        print(f"{short:40s} " + " ".join(cells))
     print(f"{'total':40s} {total:9.1f}")
     return 0
 

@@ -70,7 +70,9 @@ PROFILE_MODES=${PROFILE_MODES:-"recompute saved_p forward"}
 # the key-block or column pass and the conversion of the two-pass backward).
 PROFILE_KERNELS=${PROFILE_KERNELS:-'bwd_kernel|colpass|kb_kernel|rowstats|convert_dq'}
 PROFILE_LAUNCHES=${PROFILE_LAUNCHES:-1}
-KERNEL_CASES=${KERNEL_CASES:-"1,16,1024,128 1,16,1024,128,nomask 8,128,1024,128"}  # stage kernels
+KERNEL_CASES=${KERNEL_CASES:-"1,16,1024,128 1,16,1024,128,nomask 8,128,1024,128"}  # stage kernels: its cases,
+KERNEL_MODES=${KERNEL_MODES:-"recompute saved_p"}                                       # modes and launches
+KERNEL_LAUNCHES=${KERNEL_LAUNCHES:-3}  # (the two-pass backward: row statistics, key-block or column pass, conversion)
 PROFILE_IMPL=${PROFILE_IMPL:-qksoftmax}  # qksoftmax_deterministic: the single pass at every Sk ≤ 1024
 BENCH_ARGS=${BENCH_ARGS:-"--suite all --mode all --dtype bf16"}
 STEP_ARGS=${STEP_ARGS:-}  # stage step: "--trace" adds each case's cycles per step by phase and role
@@ -80,7 +82,7 @@ AB_CUDA_FLAGS=${AB_CUDA_FLAGS:-}
 # stage revs: the trees of scripts/export-revs.sh, each built (bench only) and benched with BENCH_ARGS into
 # $OUT/rev-<name>-<round>.json, REVS_ROUNDS rounds in turns (A B A B: drift of the machine shows as such).
 REVS_ROUNDS=${REVS_ROUNDS:-2}
-REVS_TIMEOUT_S=${REVS_TIMEOUT_S:-180}  # one bench of one tree at most (a revision whose kernel hangs)
+REVS_TIMEOUT_S=${REVS_TIMEOUT_S:-420}  # one bench or step run of one tree at most (a kernel that hangs)
 # REVS_STEP=1: each tree's step micro-benchmark too (STEP_ARGS), after its bench in every round.
 REVS_STEP=${REVS_STEP:-0}
 BENCH_TARGETS="qksoftmax-bench"
@@ -122,7 +124,7 @@ build_bench() {
   local name=$1 src=$2 dir=$3; shift 3
   run_logged "$name-configure" cmake -S "$src" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DQKSOFTMAX_BUILD_TESTS=OFF -DQKSOFTMAX_BUILD_BENCH=ON -DQKSOFTMAX_BUILD_PYTHON=OFF $CMAKE_ARGS "$@" &&
-    run_logged "$name-build" cmake --build "$dir" -j "$(nproc)" --target $BENCH_TARGETS
+    run_logged "$name-build" cmake --build "$dir" -j "${BUILD_JOBS:-$(nproc)}" --target $BENCH_TARGETS
 }
 
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.limit --format=csv; nvcc --version | tail -1;
@@ -183,9 +185,9 @@ fi
 if has_stage micro; then  # the product-rate micro-benchmark alone: its own bench-only build (about a minute)
   if BENCH_TARGETS=qksoftmax-wgmma build_bench micro . build/gpu-micro &&
      run_logged wgmma build/gpu-micro/bench/qksoftmax-wgmma "$OUT/h200-wgmma.json"; then
-    record wgmma ok "$(grep -E '^(SS|RS) n(64|128) x2 ' "$LOGS/wgmma.log" | awk '{print $1 "/" $2 " " $(NF-1)}' | paste -sd' ')"
+    record micro ok "$(grep -E '^(SS|RS) n(64|128) x2' "$LOGS/wgmma.log" | awk '{print $1 "/" $2 "/" $4 " " $(NF-1)}' | paste -sd' ')"
   else
-    record wgmma FAIL "see logs/micro-*.log, logs/wgmma.log"
+    record micro FAIL "see logs/micro-*.log, logs/wgmma.log"
   fi
 fi
 
@@ -215,15 +217,17 @@ if has_stage ab; then
 fi
 
 if has_stage revs; then
-  # The trees build at once (each on every core): a tree's build ends on a few long files, which the other
-  # trees' files fill around.
+  # The trees build at once: a tree's build ends on a few long files, which the other trees' files fill
+  # around. Twice the cores in compilers over all trees (CUTLASS instances take 1-2 GB each).
   revs=()
   names=()
   pids=()
-  for tree in build/revs/*/; do
+  trees=(build/revs/*/)
+  jobs=$(( 2 * $(nproc) / ${#trees[@]} > 2 ? 2 * $(nproc) / ${#trees[@]} : 2 ))
+  for tree in "${trees[@]}"; do
     name=$(basename "$tree")
     names+=("$name")
-    build_bench "rev-$name" "$tree" "build/gpu-rev-$name" \
+    BUILD_JOBS=$jobs build_bench "rev-$name" "$tree" "build/gpu-rev-$name" \
         -DQKSOFTMAX_CUTLASS_INCLUDE_DIR="$PWD/.deps/cutlass/include" > /dev/null &
     pids+=($!)
   done
@@ -244,7 +248,8 @@ if has_stage revs; then
         record "rev $round" FAIL "$name: see logs/rev-$name-$round.log"
       fi
       if [ "$REVS_STEP" = 1 ]; then
-        if run_logged "rev-$name-step-$round" "build/gpu-rev-$name/bench/qksoftmax-step" $STEP_ARGS \
+        if BUDGET_S=$(within "$REVS_TIMEOUT_S") run_logged "rev-$name-step-$round" \
+              "build/gpu-rev-$name/bench/qksoftmax-step" $STEP_ARGS \
               "$OUT/rev-$name-step-$round.json"; then
           record "step $round" ok "$name: $(grep -E '^recompute +8 |^saved_p +8 ' "$LOGS/rev-$name-step-$round.log" |
                                             awk '{print $1 " C=8 " $4 " us"}' | paste -sd' ')"
@@ -447,10 +452,11 @@ if has_stage profile; then
 fi
 
 if has_stage kernels; then
-  # Each backward kernel's time and DRAM bytes (ncu, caches left as the previous kernel left them, so that a
-  # pass's second read shows as an L2 hit): KERNEL_CASES are B,H,S,D or B,H,S,D,nomask; a table per bench in
-  # logs/kernels.log.
+  # Each backward kernel's time and DRAM bytes (ncu, caches as the previous kernel left them, each pass of a
+  # kernel after the kernels before it, so that a pass's second read shows as an L2 hit): KERNEL_CASES are
+  # B,H,S,D or B,H,S,D,nomask; a table per bench in logs/kernels.log.
   benches=${PROFILE_BENCHES:-"$(find $BUILD -name qksoftmax-bench -type f | head -1)"}
+  kernels_failed=0
   for bench in $benches; do
     tag=${bench%%=*}
     bench_bin=${bench#*=}
@@ -459,18 +465,23 @@ if has_stage kernels; then
       shape=$(echo "$case" | cut -d, -f1-4)
       mask=""
       [[ "$case" == *,nomask ]] && mask=--no-mask
-      for mode in $PROFILE_MODES; do
+      for mode in $KERNEL_MODES; do
         name="kernels-$tag-$mode-$(echo "$case" | tr ',' '_')"
-        run_logged "$name" ncu --clock-control none --cache-control none --section SpeedOfLight \
-          --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum \
-          -k "regex:$PROFILE_KERNELS" --launch-count "$PROFILE_LAUNCHES" --csv --page details \
-          "$bench_bin" --case "$shape" $mask --mode $mode --impl "$PROFILE_IMPL" --runs 20 --warmup 3 > "$LOGS/$name.csv" 2>&1
-        python3 scripts/ncu_kernels.py --title "$tag $mode $case" "$LOGS/$name.csv" >> "$LOGS/kernels.log" 2>&1
+        if ! run_logged "$name" ncu --clock-control none --cache-control none --replay-mode application \
+              --print-units base --section SpeedOfLight --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum \
+              -k "regex:$PROFILE_KERNELS" --launch-count "$KERNEL_LAUNCHES" --csv --page details \
+              "$bench_bin" --case "$shape" $mask --mode $mode --impl "$PROFILE_IMPL" --runs 20 --warmup 3 \
+              > "$LOGS/$name.csv"; then
+          kernels_failed=1
+        fi
+        python3 scripts/ncu_kernels.py --title "$tag $mode $case" "$LOGS/$name.csv" >> "$LOGS/kernels.log" 2>&1 ||
+          kernels_failed=1
       done
     done
   done
   cat "$LOGS/kernels.log"
-  record kernels info "per-kernel times: logs/kernels.log"
+  if [ "$kernels_failed" = 0 ]; then record kernels info "per-kernel times: logs/kernels.log"
+  else record kernels FAIL "see logs/kernels*"; fi
 fi
 
 if has_stage host; then  # host time per call of each layer of the torch path (docs/PYTORCH.md, "Host time")

@@ -18,7 +18,8 @@ COLUMNS = {
     "Compute (SM) Throughput": ("SM %", 1.0, "6.1f"),
     "L2 Cache Throughput": ("L2 %", 1.0, "6.1f"),
 }
-SCALE = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6, "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}
+SCALE = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6, "second": 1e6,
+         "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}  # into µs and bytes
 
 
 def number(text):
@@ -45,10 +46,7 @@ def main():
         key = (r[col["ID"]], r[col["Kernel Name"]])
         name, unit, value = r[col["Metric Name"]], r[col["Metric Unit"]], number(r[col["Metric Value"]])
         if name in COLUMNS and value is not None:
-            if name == "Duration":
-                value *= SCALE.get(unit, 1.0)
-            elif unit in SCALE and unit != "us":
-                value *= SCALE[unit]
+            value *= SCALE.get(unit, 1.0)
             launches.setdefault(key, {})[name] = value
     print(f"## {args.title}")
     widths = {metric: int(fmt.split(".")[0]) for metric, (_, _, fmt) in COLUMNS.items()}

@@ -157,10 +157,21 @@ def fuzz(device: str, status: int, report: Path) -> None:
               f"{', stopped at its time limit' if timed_out else ''})")
 
 
+def tool_counts(text: str) -> dict[str, int] | None:
+    """"memcheck=4 racecheck=12" -> {"memcheck": 4, "racecheck": 12}; None where a pair is not TOOL=N."""
+    try:
+        return {tool: int(count) for tool, count in (pair.split("=") for pair in text.split())}
+    except ValueError:
+        return None
+
+
 def main(argv: list[str]) -> int:
     if len(argv) == 6 and argv[0] == "sanitize":
-        suite = {tool: int(count) for tool, count in (pair.split("=") for pair in argv[2].split())}
-        shards = {tool: int(count) for tool, count in (pair.split("=") for pair in argv[3].split())}
+        suite, shards = tool_counts(argv[2]), tool_counts(argv[3])
+        if suite is None or shards is None or set(suite) - set(shards):
+            print(f"reliability.py sanitize: want \"TOOL=N ...\" for the tests and the shards of every tool, got "
+                  f"{argv[2]!r} and {argv[3]!r}", file=sys.stderr)
+            return 2
         sanitize(Path(argv[1]), suite, shards, int(argv[4]), Path(argv[5]))
     elif len(argv) == 6 and argv[0] == "stress":
         stress(Path(argv[1]), int(argv[2]), float(argv[3]), int(argv[4]), Path(argv[5]))

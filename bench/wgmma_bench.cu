@@ -10,8 +10,10 @@
 // One CTA per SM (kSmemBytes asked for), as many as SMs; each issuing warpgroup runs kBatches batches of
 // K / 16 wgmma into one accumulator, a wait after each (a warpgroup alone leaves the pipe idle while its
 // batch drains; a second one fills that). The noise warpgroup, where asked, streams 16-byte loads over its
-// own 32 KB of shared memory until the issuers are done. Time per CTA by the global timer; the rate per SM is
-// the mean over CTAs, the median over kRuns launches. Values are zeros: the rate does not depend on them.
+// own 32 KB of shared memory until the issuers are done ("loads alone": the stream without products, its own
+// ceiling). Time per CTA by the global timer and in SM cycles; the rate per SM is the mean over CTAs, the
+// median over kRuns launches, against cuBLAS's rate and, per cycle, against the pipe's 4096 FLOP. The operands
+// are zeros, which draw less power than cuBLAS's random data: the clock may run higher here.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -45,6 +47,8 @@ constexpr int kNoiseBytes = 32 * kKilo;   // the noise warpgroup's own shared me
 constexpr int kNoiseUnroll = 4;           // independent 16-byte loads in flight per thread
 constexpr int kSmemBytes = 200 * kKilo;   // one CTA per SM: a per-CTA rate is a per-SM rate
 constexpr int kBatches = 4096;
+constexpr int kLoadsAlone = 1 << 16;      // rounds of the load stream alone (a few ms)
+constexpr double kPeakFlopsPerCycle = 4096;  // dense bf16 per SM: 4 tensor cores × 512 FMA per cycle
 constexpr int kWarmup = 2;
 constexpr int kRuns = 5;
 constexpr double kFlopsPerTflop = 1e12;
@@ -76,11 +80,18 @@ __device__ inline unsigned long long global_ns() {
   return t;
 }
 
-// ns[cta]: this CTA's time; noise_bytes[cta]: what its noise warpgroup loaded; sink: never written (the values
-// are zeros) unless the compiler could prove otherwise.
+// Per CTA: its time in ns and in SM cycles, what its noise warpgroup loaded; sink: never written (the values are
+// zeros) unless the compiler could prove otherwise.
+struct Args {
+  unsigned long long* ns;
+  unsigned long long* cycles;
+  unsigned long long* noise_bytes;
+  float* sink;
+};
+
+// kIssuers = 0 with kNoise: the load stream alone, for kLoadsAlone rounds.
 template <int kN, bool kRs, int kIssuers, bool kNoise>
-__global__ void __launch_bounds__(kWarpgroupThreads * (kIssuers + 1), 1)
-    wgmma_kernel(unsigned long long* ns, unsigned long long* noise_bytes, float* sink) {
+__global__ void __launch_bounds__(kWarpgroupThreads * (kIssuers + 1), 1) wgmma_kernel(Args args) {
   using P = Product<kN, kRs>;
   extern __shared__ __align__(1024) unsigned char smem[];
   Shared& sh = *reinterpret_cast<Shared*>(smem);
@@ -90,6 +101,7 @@ __global__ void __launch_bounds__(kWarpgroupThreads * (kIssuers + 1), 1)
   __syncthreads();
   const int warpgroup = int(threadIdx.x) / kWarpgroupThreads, tid = int(threadIdx.x) % kWarpgroupThreads;
   const unsigned long long t0 = global_ns();
+  const long long c0 = clock64();
   if (warpgroup < kIssuers) {
     Tensor sA = make_tensor(make_smem_ptr(sh.a), typename P::SmemLayoutA{});  // (M, K)
     Tensor sB = make_tensor(make_smem_ptr(sh.b), typename P::SmemLayoutB{});  // (N, K)
@@ -110,7 +122,7 @@ __global__ void __launch_bounds__(kWarpgroupThreads * (kIssuers + 1), 1)
       warpgroup_wait<0>();
       warpgroup_fence_operand(tCrC);
     }
-    if (tCrC(0) != 0.0f) *sink = tCrC(0);
+    if (tCrC(0) != 0.0f) *args.sink = tCrC(0);
     __syncwarp();
     if (tid == 0) atomicAdd(&sh.done, 1);
   } else if (kNoise) {
@@ -118,27 +130,33 @@ __global__ void __launch_bounds__(kWarpgroupThreads * (kIssuers + 1), 1)
     uint4 x = make_uint4(0, 0, 0, 0);
     unsigned long long loads = 0;
     const volatile int* done = &sh.done;
-    for (int i = tid; *done < kIssuers; i = (i + kNoiseUnroll * kWarpgroupThreads) % kVectors) {
+    int i = tid;
+    // (the flag is read in every round, the stream alone too: the same loop either way)
+    for (int round = 0; kIssuers > 0 ? *done < kIssuers : (*done, round < kLoadsAlone); ++round) {
       CUTE_UNROLL
       for (int u = 0; u < kNoiseUnroll; ++u) {
         const uint4 v = sh.noise[(i + u * kWarpgroupThreads) % kVectors];
         x.x ^= v.x, x.y ^= v.y, x.z ^= v.z, x.w ^= v.w;
       }
       loads += kNoiseUnroll;
+      i = (i + kNoiseUnroll * kWarpgroupThreads) % kVectors;
     }
-    if (x.x | x.y | x.z | x.w) *sink = float(x.x);
-    atomicAdd(noise_bytes + blockIdx.x, loads * sizeof(uint4));
+    if (x.x | x.y | x.z | x.w) *args.sink = float(x.x);
+    atomicAdd(args.noise_bytes + blockIdx.x, loads * sizeof(uint4));
   }
   __syncthreads();
-  if (threadIdx.x == 0) ns[blockIdx.x] = global_ns() - t0;
+  if (threadIdx.x == 0) {
+    args.ns[blockIdx.x] = global_ns() - t0;
+    args.cycles[blockIdx.x] = static_cast<unsigned long long>(clock64() - c0);
+  }
 }
 
 struct Config {
   const char* name;
   int n, issuers;
   bool rs, noise;
-  void (*kernel)(unsigned long long*, unsigned long long*, float*);
-  double tflops_per_sm = 0, share = 0, noise_gbps = 0;
+  void (*kernel)(Args);
+  double tflops_per_sm = 0, share = 0, flops_per_cycle = 0, noise_gbps = 0;
 };
 
 template <int kN, bool kRs, int kIssuers, bool kNoise>
@@ -149,31 +167,38 @@ Config config(const char* name) {
 Result run_config(cudaStream_t stream, int sms, double cublas_per_sm, Config* c) {
   const int threads = kWarpgroupThreads * (c->issuers + 1);
   QKB_CUDA(cudaFuncSetAttribute(c->kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  DeviceBuffer ns, noise, sink;
-  QKB_TRY(ns.allocate(size_t(sms) * sizeof(unsigned long long)));
-  QKB_TRY(noise.allocate(size_t(sms) * sizeof(unsigned long long)));
+  DeviceBuffer ns, cycles, noise, sink;
+  const size_t per_cta = size_t(sms) * sizeof(unsigned long long);
+  QKB_TRY(ns.allocate(per_cta));
+  QKB_TRY(cycles.allocate(per_cta));
+  QKB_TRY(noise.allocate(per_cta));
   QKB_TRY(sink.allocate(sizeof(float)));
+  const Args args{static_cast<unsigned long long*>(ns.get()), static_cast<unsigned long long*>(cycles.get()),
+                  static_cast<unsigned long long*>(noise.get()), static_cast<float*>(sink.get())};
   const double flops = double(c->issuers) * kBatches * 2.0 * kM * c->n * kK;
-  std::vector<double> rates, noise_rates;
+  std::vector<double> rates, per_cycle, noise_rates;
   for (int l = 0; l < kWarmup + kRuns; ++l) {
     QKB_CUDA(cudaMemsetAsync(noise.get(), 0, noise.bytes(), stream));
-    c->kernel<<<sms, threads, kSmemBytes, stream>>>(static_cast<unsigned long long*>(ns.get()),
-                                                     static_cast<unsigned long long*>(noise.get()),
-                                                     static_cast<float*>(sink.get()));
+    c->kernel<<<sms, threads, kSmemBytes, stream>>>(args);
     QKB_TRY(launch_result("wgmma_kernel"));
-    std::vector<unsigned long long> t(static_cast<size_t>(sms)), bytes(static_cast<size_t>(sms));
-    QKB_CUDA(cudaMemcpyAsync(t.data(), ns.get(), ns.bytes(), cudaMemcpyDeviceToHost, stream));
-    QKB_CUDA(cudaMemcpyAsync(bytes.data(), noise.get(), noise.bytes(), cudaMemcpyDeviceToHost, stream));
+    std::vector<unsigned long long> t(static_cast<size_t>(sms)), clk(static_cast<size_t>(sms)),
+        bytes(static_cast<size_t>(sms));
+    QKB_CUDA(cudaMemcpyAsync(t.data(), ns.get(), per_cta, cudaMemcpyDeviceToHost, stream));
+    QKB_CUDA(cudaMemcpyAsync(clk.data(), cycles.get(), per_cta, cudaMemcpyDeviceToHost, stream));
+    QKB_CUDA(cudaMemcpyAsync(bytes.data(), noise.get(), per_cta, cudaMemcpyDeviceToHost, stream));
     QKB_CUDA(cudaStreamSynchronize(stream));
     if (l < kWarmup) continue;
-    double rate = 0, noise_rate = 0;
-    for (int s = 0; s < sms; ++s) {
-      rate += flops / double(t[size_t(s)]) * kNsPerS / kFlopsPerTflop;
-      noise_rate += double(bytes[size_t(s)]) / double(t[size_t(s)]);
+    double rate = 0, flop_cycles = 0, noise_rate = 0;
+    for (size_t cta = 0; cta < t.size(); ++cta) {
+      rate += flops / double(t[cta]) * kNsPerS / kFlopsPerTflop;
+      flop_cycles += flops / double(clk[cta]);
+      noise_rate += double(bytes[cta]) / double(t[cta]);
     }
     rates.push_back(rate / sms);
+    per_cycle.push_back(flop_cycles / sms);
     noise_rates.push_back(noise_rate / sms);
   }
+  c->flops_per_cycle = median(per_cycle);
   c->tflops_per_sm = median(rates);
   c->share = c->tflops_per_sm / cublas_per_sm;
   c->noise_gbps = median(noise_rates);
@@ -194,14 +219,16 @@ Result run(const std::string& json_path) {
       config<128, true, 1, false>("RS n128 x1"),  config<128, true, 2, false>("RS n128 x2"),
       config<128, true, 2, true>("RS n128 x2 +loads"),
       config<256, false, 2, false>("SS n256 x2"), config<256, false, 2, true>("SS n256 x2 +loads"),
+      config<kMaxN, false, 0, true>("loads alone"),
   };
   std::printf("GPU %s, %d SMs, one CTA per SM, %d batches of K = %d per warpgroup; cuBLAS bf16 %.0f TFLOP/s = "
               "%.3f per SM\n", micro.info.name.c_str(), micro.info.sms, kBatches, kK, micro.ceilings.bf16_TFLOPs,
               cublas_per_sm);
-  std::printf("%-20s %14s %9s %16s\n", "product", "TFLOP/s/SM", "of cuBLAS", "loads GB/s/SM");
+  std::printf("%-20s %14s %9s %11s %16s\n", "product", "TFLOP/s/SM", "of cuBLAS", "of peak/clk", "loads GB/s/SM");
   for (Config& c : configs) {
     QKB_TRY(run_config(micro.stream.get(), micro.info.sms, cublas_per_sm, &c));
-    std::printf("%-20s %14.3f %8.1f%% %16.1f\n", c.name, c.tflops_per_sm, 100 * c.share, c.noise_gbps);
+    std::printf("%-20s %14.3f %8.1f%% %10.1f%% %16.1f\n", c.name, c.tflops_per_sm, 100 * c.share,
+                100 * c.flops_per_cycle / kPeakFlopsPerCycle, c.noise_gbps);
   }
   if (!json_path.empty()) {
     std::FILE* f = nullptr;
@@ -209,9 +236,10 @@ Result run(const std::string& json_path) {
     std::fprintf(f, ", \"sms\": %d, \"batches\": %d, \"k\": %d, \"products\": [", micro.info.sms, kBatches, kK);
     for (const Config& c : configs) {
       std::fprintf(f, "%s\n  {\"name\": \"%s\", \"n\": %d, \"a_from_registers\": %s, \"warpgroups\": %d, "
-                   "\"loads\": %s, \"TFLOPs_per_SM\": %.4f, \"share_of_cublas\": %.4f, \"loads_GBps_per_SM\": %.2f}",
+                   "\"loads\": %s, \"TFLOPs_per_SM\": %.4f, \"share_of_cublas\": %.4f, \"flops_per_cycle\": %.1f, "
+                   "\"loads_GBps_per_SM\": %.2f}",
                    &c == configs.data() ? "" : ",", c.name, c.n, c.rs ? "true" : "false", c.issuers,
-                   c.noise ? "true" : "false", c.tflops_per_sm, c.share, c.noise_gbps);
+                   c.noise ? "true" : "false", c.tflops_per_sm, c.share, c.flops_per_cycle, c.noise_gbps);
     }
     std::fprintf(f, "\n]}\n");
     std::fclose(f);

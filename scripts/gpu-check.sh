@@ -16,6 +16,8 @@
 #                                               # reliability: every sanitizer over the whole GPU test suite,
 #                                               # the stress run, the API fuzzer; counts in h200-reliability.json
 #                                               # (about 8 minutes: the build, then the three by their limits)
+#   REVS_TEST_FILTER='*GpuVsCpu*:*GpuPlan*' STAGES="revs" scripts/gpu-check.sh   # the same, each tree's GPU
+#                                               # tests of that filter first (a failing tree is not benched)
 #   STAGES="revs kernels" REVS_ROUNDS=0 PROFILE_BENCHES="a=build/gpu-rev-a/bench/qksoftmax-bench" \
 #     PROFILE_LAUNCHES=3 scripts/gpu-check.sh    # each backward kernel's time and DRAM bytes, per revision
 #   STAGES="build crash" scripts/gpu-check.sh   # a native backtrace of one pytest test (CRASH_TEST) that crashes
@@ -85,6 +87,9 @@ REVS_ROUNDS=${REVS_ROUNDS:-2}
 REVS_TIMEOUT_S=${REVS_TIMEOUT_S:-420}  # one bench or step run of one tree at most (a kernel that hangs)
 # REVS_STEP=1: each tree's step micro-benchmark too (STEP_ARGS), after its bench in every round.
 REVS_STEP=${REVS_STEP:-0}
+# REVS_TEST_FILTER: each tree's GPU tests too (built with the bench), those of this GoogleTest filter, once
+# before the rounds: a revision that fails them is not benched.
+REVS_TEST_FILTER=${REVS_TEST_FILTER:-}
 BENCH_TARGETS="qksoftmax-bench"
 [ "$REVS_STEP" = 1 ] && BENCH_TARGETS="qksoftmax-bench qksoftmax-step"
 PEER_ARGS=${PEER_ARGS:-"--suite seed16 --dtype bf16 --impl eager,compile,autograd,eager_fwd,compile_fwd,eager_fwd_bwd,compile_fwd_bwd,qksoftmax_fwd_bwd,qksoftmax_p_fwd_bwd"}
@@ -224,18 +229,32 @@ if has_stage revs; then
   pids=()
   trees=(build/revs/*/)
   jobs=$(( 2 * $(nproc) / ${#trees[@]} > 2 ? 2 * $(nproc) / ${#trees[@]} : 2 ))
+  rev_targets=$BENCH_TARGETS
+  rev_tests=()
+  if [ -n "$REVS_TEST_FILTER" ]; then
+    rev_targets="$BENCH_TARGETS qksoftmax_tests"
+    rev_tests=(-DQKSOFTMAX_BUILD_TESTS=ON)
+  fi
   for tree in "${trees[@]}"; do
     name=$(basename "$tree")
     names+=("$name")
-    BUILD_JOBS=$jobs build_bench "rev-$name" "$tree" "build/gpu-rev-$name" \
-        -DQKSOFTMAX_CUTLASS_INCLUDE_DIR="$PWD/.deps/cutlass/include" > /dev/null &
+    [ -n "$REVS_TEST_FILTER" ] && ln -sfn "$PWD/.deps" "$tree/.deps"  # the tests' GoogleTest
+    BENCH_TARGETS=$rev_targets BUILD_JOBS=$jobs build_bench "rev-$name" "$tree" "build/gpu-rev-$name" \
+        -DQKSOFTMAX_CUTLASS_INCLUDE_DIR="$PWD/.deps/cutlass/include" "${rev_tests[@]}" > /dev/null &
     pids+=($!)
   done
   for i in "${!names[@]}"; do
-    if wait "${pids[$i]}"; then
-      revs+=("${names[$i]}")
+    name=${names[$i]}
+    if ! wait "${pids[$i]}"; then
+      record "rev $name" FAIL "build: see logs/rev-$name-*.log"
+    elif [ -z "$REVS_TEST_FILTER" ]; then
+      revs+=("$name")
+    elif BUDGET_S=$(within "$REVS_TIMEOUT_S") run_logged "rev-$name-tests" \
+          "build/gpu-rev-$name/tests/cpp/qksoftmax_tests" --gtest_filter="$REVS_TEST_FILTER" --gtest_brief=1; then
+      record "rev $name tests" ok "$(grep -E '^\[  PASSED  \]|SKIPPED \]' "$LOGS/rev-$name-tests.log" | head -2 | paste -sd' ')"
+      revs+=("$name")
     else
-      record "rev ${names[$i]}" FAIL "build: see logs/rev-${names[$i]}-*.log"
+      record "rev $name tests" FAIL "$(grep -cE '^\[  FAILED  \]' "$LOGS/rev-$name-tests.log") lines of failures: see logs/rev-$name-tests.log"
     fi
   done
   for round in $(seq 1 "$REVS_ROUNDS"); do

@@ -23,6 +23,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -287,13 +288,13 @@ Result run(const std::string& json_path) {
     std::FILE* f = nullptr;
     QKB_TRY(open_micro_json(json_path, micro, &f));
     std::fprintf(f, ", \"clusters\": %d, \"iterations\": %d, \"piece_bytes\": %d, \"step_us\": %.3f, "
-                 "\"budget_GBps\": %.2f, \"modes\": [", clusters, kIterations, kPieceBytes, step_ns / kNsPerUs,
-                 budget_gbps);
-    for (const Mode& m : modes) {
-      std::fprintf(f, "%s\n  {\"mode\": \"%s\", \"launch_us\": %.2f, \"push_GBps\": %.3f, \"reduce_GBps\": %.3f}",
-                   &m == modes ? "" : ",", m.name, m.launch_us, m.gbps[kPushStream], m.gbps[kReduceStream]);
-    }
-    std::fprintf(f, "\n], \"push_ratio\": %.4f, \"reduce_ratio\": %.4f, \"clears_budget\": %s, \"checks_ok\": %s}\n",
+                 "\"budget_GBps\": %.2f", clusters, kIterations, kPieceBytes, step_ns / kNsPerUs, budget_gbps);
+    write_json_list(f, "modes", std::size(modes), [&](std::FILE* out, size_t i) {
+      const Mode& m = modes[i];
+      std::fprintf(out, "{\"mode\": \"%s\", \"launch_us\": %.2f, \"push_GBps\": %.3f, \"reduce_GBps\": %.3f}",
+                   m.name, m.launch_us, m.gbps[kPushStream], m.gbps[kReduceStream]);
+    });
+    std::fprintf(f, ", \"push_ratio\": %.4f, \"reduce_ratio\": %.4f, \"clears_budget\": %s, \"checks_ok\": %s}\n",
                  push_ratio, reduce_ratio, clears ? "true" : "false", checks_ok ? "true" : "false");
     std::fclose(f);
   }

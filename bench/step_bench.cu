@@ -180,13 +180,13 @@ Result run(const std::string& json_path, bool trace) {
   if (json_path.empty()) return {};
   std::FILE* f = nullptr;
   QKB_TRY(open_micro_json(json_path, micro, &f));
-  std::fprintf(f, ", \"repeat\": %d, \"steps\": [", kRepeat);
-  for (size_t i = 0; i < results.size(); ++i) {
+  std::fprintf(f, ", \"repeat\": %d", kRepeat);
+  write_json_list(f, "steps", results.size(), [&](std::FILE* out, size_t i) {
     const StepResult& r = results[i];
-    std::fprintf(f, "%s\n  {\"mode\": \"%s\", \"cluster\": %d, \"launch_us\": %.2f, \"step_us\": %.4f, \"tensor_share\": %.4f}",
-                 i ? "," : "", r.mode.c_str(), r.cluster, r.us, r.step_us, r.tensor_share);
-  }
-  std::fprintf(f, "\n]}\n");
+    std::fprintf(out, "{\"mode\": \"%s\", \"cluster\": %d, \"launch_us\": %.2f, \"step_us\": %.4f, \"tensor_share\": %.4f}",
+                 r.mode.c_str(), r.cluster, r.us, r.step_us, r.tensor_share);
+  });
+  std::fprintf(f, "}\n");
   std::fclose(f);
   return {};
 }

@@ -233,15 +233,16 @@ Result run(const std::string& json_path) {
   if (!json_path.empty()) {
     std::FILE* f = nullptr;
     QKB_TRY(open_micro_json(json_path, micro, &f));
-    std::fprintf(f, ", \"sms\": %d, \"batches\": %d, \"k\": %d, \"products\": [", micro.info.sms, kBatches, kK);
-    for (const Config& c : configs) {
-      std::fprintf(f, "%s\n  {\"name\": \"%s\", \"n\": %d, \"a_from_registers\": %s, \"warpgroups\": %d, "
+    std::fprintf(f, ", \"sms\": %d, \"batches\": %d, \"k\": %d", micro.info.sms, kBatches, kK);
+    write_json_list(f, "products", configs.size(), [&](std::FILE* out, size_t i) {
+      const Config& c = configs[i];
+      std::fprintf(out, "{\"name\": \"%s\", \"n\": %d, \"a_from_registers\": %s, \"warpgroups\": %d, "
                    "\"loads\": %s, \"TFLOPs_per_SM\": %.4f, \"share_of_cublas\": %.4f, \"flops_per_cycle\": %.1f, "
                    "\"loads_GBps_per_SM\": %.2f}",
-                   &c == configs.data() ? "" : ",", c.name, c.n, c.rs ? "true" : "false", c.issuers,
-                   c.noise ? "true" : "false", c.tflops_per_sm, c.share, c.flops_per_cycle, c.noise_gbps);
-    }
-    std::fprintf(f, "\n]}\n");
+                   c.name, c.n, c.rs ? "true" : "false", c.issuers, c.noise ? "true" : "false", c.tflops_per_sm,
+                   c.share, c.flops_per_cycle, c.noise_gbps);
+    });
+    std::fprintf(f, "}\n");
     std::fclose(f);
   }
   return {};

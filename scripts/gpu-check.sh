@@ -90,6 +90,8 @@ REVS_STEP=${REVS_STEP:-0}
 # REVS_TEST_FILTER: each tree's GPU tests too (built with the bench), those of this GoogleTest filter, once
 # before the rounds: a revision that fails them is not benched.
 REVS_TEST_FILTER=${REVS_TEST_FILTER:-}
+# REVS_NO_TESTS: names of trees (space-separated) whose tests REVS_TEST_FILTER skips, e.g. "main" (proved already)
+REVS_NO_TESTS=${REVS_NO_TESTS:-}
 BENCH_TARGETS="qksoftmax-bench"
 [ "$REVS_STEP" = 1 ] && BENCH_TARGETS="qksoftmax-bench qksoftmax-step"
 PEER_ARGS=${PEER_ARGS:-"--suite seed16 --dtype bf16 --impl eager,compile,autograd,eager_fwd,compile_fwd,eager_fwd_bwd,compile_fwd_bwd,qksoftmax_fwd_bwd,qksoftmax_p_fwd_bwd"}
@@ -235,19 +237,26 @@ if has_stage revs; then
     rev_targets="$BENCH_TARGETS qksoftmax_tests"
     rev_tests=(-DQKSOFTMAX_BUILD_TESTS=ON)
   fi
+  tested() { [ -n "$REVS_TEST_FILTER" ] && [[ " $REVS_NO_TESTS " != *" $1 "* ]]; }
   for tree in "${trees[@]}"; do
     name=$(basename "$tree")
     names+=("$name")
-    [ -n "$REVS_TEST_FILTER" ] && ln -sfn "$PWD/.deps" "$tree/.deps"  # the tests' GoogleTest
-    BENCH_TARGETS=$rev_targets BUILD_JOBS=$jobs build_bench "rev-$name" "$tree" "build/gpu-rev-$name" \
-        -DQKSOFTMAX_CUTLASS_INCLUDE_DIR="$PWD/.deps/cutlass/include" "${rev_tests[@]}" > /dev/null &
+    targets=$BENCH_TARGETS
+    flags=()
+    if tested "$name"; then
+      ln -sfn "$PWD/.deps" "$tree/.deps"  # the tests' GoogleTest
+      targets=$rev_targets
+      flags=("${rev_tests[@]}")
+    fi
+    BENCH_TARGETS=$targets BUILD_JOBS=$jobs build_bench "rev-$name" "$tree" "build/gpu-rev-$name" \
+        -DQKSOFTMAX_CUTLASS_INCLUDE_DIR="$PWD/.deps/cutlass/include" "${flags[@]}" > /dev/null &
     pids+=($!)
   done
   for i in "${!names[@]}"; do
     name=${names[$i]}
     if ! wait "${pids[$i]}"; then
       record "rev $name" FAIL "build: see logs/rev-$name-*.log"
-    elif [ -z "$REVS_TEST_FILTER" ]; then
+    elif ! tested "$name"; then
       revs+=("$name")
     elif BUDGET_S=$(within "$REVS_TIMEOUT_S") run_logged "rev-$name-tests" \
           "build/gpu-rev-$name/tests/cpp/qksoftmax_tests" --gtest_filter="$REVS_TEST_FILTER" --gtest_brief=1; then

@@ -20,7 +20,7 @@ struct ForwardConfig;
 }  // namespace sm90
 
 template <class Cfg>
-Status run_sm90_backward(const Problem& prob, void* workspace, CUstream_st* stream);
+Status run_sm90_backward(const Problem& prob, bool direct_dq, void* workspace, CUstream_st* stream);
 template <class Cfg>
 Status run_sm90_bwd(const Problem& prob, CUstream_st* stream, int64_t repeat = 1);
 // Clusters of `cluster` CTAs of the single-pass backward resident at once on the current device (0 on error).
@@ -34,7 +34,7 @@ Status run_sm90_forward(const Problem& prob, CUstream_st* stream);
   X(cutlass::half_t, 128)
 
 #define QKSOFTMAX_DECLARE_SM90(T, HD) \
-  extern template Status run_sm90_backward<sm90::Config<T, HD>>(const Problem&, void*, CUstream_st*);
+  extern template Status run_sm90_backward<sm90::Config<T, HD>>(const Problem&, bool, void*, CUstream_st*);
 QKSOFTMAX_SM90_CONFIGS(QKSOFTMAX_DECLARE_SM90)
 #undef QKSOFTMAX_DECLARE_SM90
 

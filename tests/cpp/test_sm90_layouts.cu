@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "cuda/sm90_colpass.cuh"
@@ -43,9 +44,114 @@ void check_dq_offsets() {
 }
 
 TEST(Sm90Layouts, ColumnPassDqOffsets) {
-  check_dq_offsets<ColPassConfig<cutlass::bfloat16_t, 128, false>>();
-  check_dq_offsets<ColPassConfig<cutlass::bfloat16_t, 128, true>>();
-  check_dq_offsets<ColPassConfig<cutlass::half_t, 128, true>>();
+  check_dq_offsets<ColPassConfig<cutlass::bfloat16_t, 128, false, false>>();
+  check_dq_offsets<ColPassConfig<cutlass::bfloat16_t, 128, true, false>>();
+  check_dq_offsets<ColPassConfig<cutlass::half_t, 128, true, false>>();
+}
+
+// Two coordinates below 4096 as one int (and a stage or buffer above them).
+int code(int a, int b, int s = 0) { return s << 24 | a << 12 | b; }
+
+// The 16-bit element that half h of register j of lane t reads (ldmatrix.x4) or writes (stmatrix.x4), from
+// the 32 lanes' addresses (element offsets): lane 8j + i addresses row i of matrix j, 8 contiguous values;
+// lane t's register j holds (row t/4, columns 2(t%4) + h) of matrix j, or with .trans (row 2(t%4) + h,
+// column t/4) (PTX ISA, ldmatrix / stmatrix). Independent of CuTe's copy traits.
+int matrix_element(const int (&addr)[32], int t, int j, int h, bool trans) {
+  return trans ? addr[8 * j + 2 * (t % 4) + h] + t / 4 : addr[8 * j + t / 4] + 2 * (t % 4) + h;
+}
+
+// One warp's side of a warp-wide x4 matrix copy: per lane, the element offsets of its shared-memory side and
+// the codes of its register side, slot by slot; slots [8g, 8g + 8) are the g-th instruction (CuTe's copy
+// peels CPY into atom calls of 8 values, the first 8 in colexicographic order first).
+struct WarpCopy {
+  std::vector<int> smem[32], regs[32];
+  int split = 0;     // instructions whose 8 shared-memory values are not 16 contiguous, aligned bytes
+  int unpaired = 0;  // register slots (2i, 2i + 1) that are not the two halves of one 32-bit register
+  // The addresses of instruction g, checking the shared-memory side of each lane.
+  void addresses(int g, int (&addr)[32]) {
+    for (int t = 0; t < 32; ++t) {
+      addr[t] = smem[t][8 * g];
+      bool ok = addr[t] % 8 == 0;
+      for (int v = 1; v < 8; ++v) ok = ok && smem[t][8 * g + v] == addr[t] + v;
+      split += !ok;
+    }
+  }
+  int instructions() const { return int(smem[0].size()) / 8; }
+};
+
+// Lane `lane` of a copy: its shared-memory partition (offsets from base) and register slots (codes).
+template <class Element, class Smem, class Regs>
+void add_lane(WarpCopy& wc, int lane, const Element* base, const Smem& smem, const Regs& regs) {
+  ASSERT_EQ(int(size(smem)), int(size(regs)));
+  ASSERT_EQ(int(size(smem)) % kMatrixValues, 0);
+  for (int i = 0; i < size(smem); ++i) {
+    wc.smem[lane].push_back(int(&smem(i) - base));
+    wc.regs[lane].push_back(regs(i));
+    if (i % 2 == 1) wc.unpaired += &regs(i) != &regs(i - 1) + 1;
+  }
+}
+
+// Direct dQ: the column pass rounds its dQ accumulator to 16 bits and stores it by stmatrix (CuTe's STSM_N
+// copy of MmadQ's accumulator, one address per 8 values: store_matrices) into the swizzled 16-bit buffer that
+// the reduce-add's TMA reads. CuTe's model must give each register slot the accumulator's own coordinate, and
+// stmatrix's own semantics applied to the lanes' addresses must write every (r, d) of the buffer once, with
+// the accumulator value (r, d), from 16 contiguous, aligned bytes per address.
+template <class Cfg>
+void check_direct_dq_stores() {
+  using Element = typename Cfg::Element;
+  using BM = typename Cfg::BM;
+  using HD = typename Cfg::HD;
+  using L = typename Cfg::SmemLayoutdQ;
+  static_assert(Cfg::kDirectDq && std::is_same_v<typename Cfg::DqElement, Element>, "a direct-dQ configuration");
+  static Element buf[cosize_v<L>] __attribute__((aligned(1024)));
+  Tensor sdQ = make_tensor(make_smem_ptr(buf), L{});  // (BM, D)
+  typename Cfg::MmadQ mma_dq;
+  auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_dq);
+  std::vector<int> written(cosize_v<L>, -1);
+  int model = 0, twice = 0, split = 0, unpaired = 0;
+  for (int warp = 0; warp < Cfg::kThreads / 32; ++warp) {
+    WarpCopy wc;
+    for (int lane = 0; lane < 32; ++lane) {
+      const int tid = warp * 32 + lane;
+      // The accumulator's coordinates, held as the kernel's fragment holds its values.
+      Tensor tdQcdQ = mma_dq.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<BM, HD>{}));  // → (r, d)
+      Tensor codes = make_fragment_like<int>(partition_fragment_C(mma_dq, Shape<BM, HD>{}));
+      static_assert(std::is_same_v<decltype(shape(codes)), decltype(shape(tdQcdQ))>);
+      for (int i = 0; i < size(codes); ++i) codes(i) = code(get<0>(tdQcdQ(i)), get<1>(tdQcdQ(i)));
+      auto thr = r2s.get_thread_slice(tid);
+      Tensor src = thr.retile_S(codes);
+      Tensor cS = thr.partition_S(make_identity_tensor(Shape<BM, HD>{}));  // CuTe's coordinate of each slot
+      for (int i = 0; i < size(src); ++i) model += src(i) != code(get<0>(cS(i)), get<1>(cS(i)));
+      add_lane(wc, lane, buf, thr.partition_D(sdQ), src);
+    }
+    for (int g = 0; g < wc.instructions(); ++g) {
+      int addr[32];
+      wc.addresses(g, addr);
+      for (int t = 0; t < 32; ++t) {
+        for (int v = 0; v < 8; ++v) {
+          int& at = written[matrix_element(addr, t, v / 2, v % 2, false)];
+          twice += at != -1;
+          at = wc.regs[t][8 * g + v];
+        }
+      }
+    }
+    split += wc.split;
+    unpaired += wc.unpaired;
+  }
+  int wrong = 0;
+  for (int r = 0; r < Cfg::kBlockM; ++r) {
+    for (int d = 0; d < Cfg::kHeadDim; ++d) wrong += written[&sdQ(r, d) - buf] != code(r, d);
+  }
+  EXPECT_EQ(model, 0) << "CuTe's model: register slots whose coordinate is not the accumulator's";
+  EXPECT_EQ(twice, 0) << "buffer elements written twice";
+  EXPECT_EQ(wrong, 0) << "buffer elements (r, d) that stmatrix fills with another accumulator value";
+  EXPECT_EQ(split, 0) << "stmatrix rows that are not 16 contiguous, aligned bytes";
+  EXPECT_EQ(unpaired, 0) << "slot pairs that are not one 32-bit register";
+}
+
+TEST(Sm90Layouts, ColumnPassDirectDqStores) {
+  check_direct_dq_stores<ColPassConfig<cutlass::bfloat16_t, 128, false, true>>();
+  check_direct_dq_stores<ColPassConfig<cutlass::half_t, 128, true, true>>();
 }
 
 // store_dk walks the dK accumulator as (rows, cols) with one row pointer per row: each row must be one key
@@ -74,8 +180,8 @@ void check_dk_rows() {
 }
 
 TEST(Sm90Layouts, DkEpilogueRows) {
-  check_dk_rows<ColPassConfig<cutlass::bfloat16_t, 128, false>>();
-  check_dk_rows<ColPassConfig<cutlass::half_t, 128, true>>();
+  check_dk_rows<ColPassConfig<cutlass::bfloat16_t, 128, false, true>>();
+  check_dk_rows<ColPassConfig<cutlass::half_t, 128, true, false>>();
 }
 
 // ldmatrix of stage s is addressed as stage 0's address + s · kPBytes, each access 16 contiguous bytes.
@@ -107,8 +213,8 @@ void check_stage_offsets() {
 }
 
 TEST(Sm90Layouts, MatrixAccessStages) {
-  using ColRecompute = ColPassConfig<cutlass::bfloat16_t, 128, false>;
-  using ColSavedP = ColPassConfig<cutlass::bfloat16_t, 128, true>;
+  using ColRecompute = ColPassConfig<cutlass::bfloat16_t, 128, false, true>;
+  using ColSavedP = ColPassConfig<cutlass::bfloat16_t, 128, true, false>;
   using Rows = Config<cutlass::bfloat16_t, 128>;
   check_stage_offsets<ColRecompute, typename ColRecompute::MmaS>();
   check_stage_offsets<ColSavedP, typename ColSavedP::MmaS>();

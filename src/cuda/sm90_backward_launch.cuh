@@ -10,6 +10,7 @@
 
 #include "cuda/generic_launch.cuh"
 #include "cuda/sm90_colpass.cuh"
+#include "cuda/sm90_instances.h"
 #include "cuda/sm90_rowstats.cuh"
 
 namespace qksoftmax::cuda {
@@ -112,13 +113,13 @@ Status run_sm90_backward(const Problem& prob, bool direct_dq, void* workspace, C
   if (Status s = launch<Cfg>(sm90::rowstats_kernel<Cfg>, "sm90 row statistics", row_tiles, params, stream); !s.ok()) {
     return s;
   }
-  // The column pass adds into what the row statistics cleared; where that is the accumulator, the conversion
-  // scales it into dQ.
+  // The key-block pass (direct dQ) or the column pass (the accumulator) adds into what the row statistics
+  // cleared; where that is the accumulator, the conversion scales it into dQ.
   const bool saved_p = prob.mode == BackwardMode::kSavedP;
   const sm90::DqTarget& target = params.dq_clear;
   const Status s =
-      direct_dq ? (saved_p ? run_sm90_colpass<sm90::ColPassConfig<Element, Cfg::kHeadDim, true, true>>(prob, rows, target, stream)
-                           : run_sm90_colpass<sm90::ColPassConfig<Element, Cfg::kHeadDim, false, true>>(prob, rows, target, stream))
+      direct_dq ? (saved_p ? run_sm90_keyblock<sm90::KbConfig<Element, Cfg::kHeadDim, true>>(prob, rows, stream)
+                           : run_sm90_keyblock<sm90::KbConfig<Element, Cfg::kHeadDim, false>>(prob, rows, stream))
                 : (saved_p ? run_sm90_colpass<sm90::ColPassConfig<Element, Cfg::kHeadDim, true, false>>(prob, rows, target, stream)
                            : run_sm90_colpass<sm90::ColPassConfig<Element, Cfg::kHeadDim, false, false>>(prob, rows, target, stream));
   if (!s.ok() || direct_dq) return s;

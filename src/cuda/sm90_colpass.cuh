@@ -103,19 +103,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const bool leader = tid == 0;
   const float scale_log2 = prob.scale * kLog2e;
 
-  // (query head of the group, row block) of consecutive steps, advanced without divisions: one cursor for
-  // the consumers' step, one for the leader's next load.
-  struct Cursor {
-    int64_t head;
-    int block;
-    __device__ void advance(int first, int end) {
-      if (++block == end) {
-        block = first;
-        ++head;
-      }
-    }
-  };
-  Cursor step_at{kv_head * group, first_row_block}, load_at = step_at;
+  // One cursor for the consumers' step, one for the leader's next load.
+  StepCursor step_at{kv_head * group, first_row_block}, load_at = step_at;
 
   Tensor sQ = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQ{});       // (BM, D, ST)
   Tensor sQt = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQt{});     // (D, BM, ST)
@@ -184,7 +173,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // This thread's rows' LSE and D for the step at `at`, loaded a step before they are used (and only scaled
   // there: an operation on a loaded value would wait for the load).
   float lse[kRows], delta[kRows];
-  const auto load_rows = [&](const Cursor& at) {
+  const auto load_rows = [&](const StepCursor& at) {
     const int64_t m0 = int64_t(at.block) * kBlockM;
     const float* lse_rows = params.lse.ptr + params.lse.offset(b, at.head, m0);  // row m0 of the step
     const float* delta_rows = params.delta.ptr + params.delta.offset(b, at.head, m0);

@@ -10,9 +10,15 @@ struct CUstream_st;
 
 namespace qksoftmax::cuda {
 
+namespace generic {
+struct Params;
+}  // namespace generic
+
 namespace sm90 {
 template <class Element_, int kHeadDim_>
 struct Config;
+template <class Element_, int kHeadDim_, bool kSavedP_>
+struct KbConfig;
 template <class Element_, int kHeadDim_, bool kSavedP_>
 struct BwdConfig;
 template <class Element_, int kHeadDim_>
@@ -37,6 +43,22 @@ Status run_sm90_forward(const Problem& prob, CUstream_st* stream);
   extern template Status run_sm90_backward<sm90::Config<T, HD>>(const Problem&, bool, void*, CUstream_st*);
 QKSOFTMAX_SM90_CONFIGS(QKSOFTMAX_DECLARE_SM90)
 #undef QKSOFTMAX_DECLARE_SM90
+
+// The key-block pass of the two-pass backward (after the row statistics, where dQ is added straight into dQ):
+// one instantiation per dtype, head dimension and mode.
+template <class KbCfg>
+Status run_sm90_keyblock(const Problem& prob, const generic::Params& rows, CUstream_st* stream);
+#define QKSOFTMAX_SM90_KB_CONFIGS(X) \
+  X(cutlass::bfloat16_t, 128, false) \
+  X(cutlass::bfloat16_t, 128, true)  \
+  X(cutlass::half_t, 128, false)     \
+  X(cutlass::half_t, 128, true)
+
+#define QKSOFTMAX_DECLARE_SM90_KB(T, HD, SAVED_P) \
+  extern template Status run_sm90_keyblock<sm90::KbConfig<T, HD, SAVED_P>>(const Problem&, const generic::Params&, \
+                                                                           CUstream_st*);
+QKSOFTMAX_SM90_KB_CONFIGS(QKSOFTMAX_DECLARE_SM90_KB)
+#undef QKSOFTMAX_DECLARE_SM90_KB
 
 // The single-pass (cluster) backward takes rows of up to this many keys (a portable cluster of 8 CTAs × 128
 // keys); the two-pass backward takes longer rows.

@@ -1,0 +1,8 @@
+// The Hopper key-block pass (two-pass backward) for bfloat16, head dimension 128, recompute mode.
+#include "cuda/sm90/kb_launch.cuh"
+#include "cuda/sm90_instances.h"
+
+namespace qksoftmax::cuda {
+template Status run_sm90_keyblock<sm90::KbConfig<cutlass::bfloat16_t, 128, false>>(const Problem&, const generic::Params&,
+                                                                        CUstream_st*);
+}  // namespace qksoftmax::cuda

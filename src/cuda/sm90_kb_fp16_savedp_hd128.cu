@@ -1,0 +1,8 @@
+// The Hopper key-block pass (two-pass backward) for float16, head dimension 128, saved-P mode.
+#include "cuda/sm90/kb_launch.cuh"
+#include "cuda/sm90_instances.h"
+
+namespace qksoftmax::cuda {
+template Status run_sm90_keyblock<sm90::KbConfig<cutlass::half_t, 128, true>>(const Problem&, const generic::Params&,
+                                                                        CUstream_st*);
+}  // namespace qksoftmax::cuda

@@ -357,8 +357,9 @@ INSTANTIATE_TEST_SUITE_P(
                            .variant = Variant::kSavedP}),
     param_name);
 
-// The two-pass column pass (rows of more than 1024 keys) at shapes with more column blocks than SMs: an odd
-// column-block count, GQA, and causal Sk > Sq, where whole column blocks have no rows (their dK is zero).
+// The two-pass column pass at shapes with more column blocks than SMs, through the fp32 accumulator (rows of
+// more than 1024 keys) and with dQ added directly (up to 1024): an odd column-block count, GQA, and causal
+// Sk > Sq, where whole column blocks have no rows (their dK is zero).
 // Checked block by block (dQ by 64-row blocks, dK by 128-key blocks): one missing or misplaced tile among
 // hundreds would vanish in one Frobenius norm over the tensor.
 void expect_blocks_close(const char* name, const HostTensor& out, const std::vector<double>& ref, int64_t rows,
@@ -421,7 +422,10 @@ INSTANTIATE_TEST_SUITE_P(
                            .variant = Variant::kSavedP},
                       Case{.B = 1, .Hq = 16, .Hk = 16, .Sq = 1160, .Sk = 1160, .D = 128, .mask = Mask::kNone},
                       Case{.B = 2, .Hq = 32, .Hk = 16, .Sq = 136, .Sk = 1160, .D = 128,
-                           .variant = Variant::kRecomputeLse}),
+                           .variant = Variant::kRecomputeLse},
+                      Case{.B = 1, .Hq = 32, .Hk = 32, .Sq = 1016, .Sk = 1016, .D = 128},
+                      Case{.B = 1, .Hq = 32, .Hk = 16, .Sq = 1016, .Sk = 1016, .D = 128, .dtype = DType::kFloat16,
+                           .variant = Variant::kSavedP}),
     param_name);
 
 // The single pass with many more (batch, key head) items than resident clusters, so that each cluster walks

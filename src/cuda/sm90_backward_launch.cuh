@@ -113,15 +113,16 @@ Status run_sm90_backward(const Problem& prob, bool direct_dq, void* workspace, C
   if (Status s = launch<Cfg>(sm90::rowstats_kernel<Cfg>, "sm90 row statistics", row_tiles, params, stream); !s.ok()) {
     return s;
   }
-  // The key-block pass (direct dQ) or the column pass (the accumulator) adds into what the row statistics
-  // cleared; where that is the accumulator, the conversion scales it into dQ.
+  // The key-block pass adds into what the row statistics cleared; where that is the accumulator, the
+  // conversion scales it into dQ.
+  constexpr int kD = Cfg::kHeadDim;
   const bool saved_p = prob.mode == BackwardMode::kSavedP;
   const sm90::DqTarget& target = params.dq_clear;
   const Status s =
-      direct_dq ? (saved_p ? run_sm90_keyblock<sm90::KbConfig<Element, Cfg::kHeadDim, true>>(prob, rows, stream)
-                           : run_sm90_keyblock<sm90::KbConfig<Element, Cfg::kHeadDim, false>>(prob, rows, stream))
-                : (saved_p ? run_sm90_colpass<sm90::ColPassConfig<Element, Cfg::kHeadDim, true, false>>(prob, rows, target, stream)
-                           : run_sm90_colpass<sm90::ColPassConfig<Element, Cfg::kHeadDim, false, false>>(prob, rows, target, stream));
+      direct_dq ? (saved_p ? run_sm90_keyblock<sm90::KbConfig<Element, kD, true, true>>(prob, rows, target, stream)
+                           : run_sm90_keyblock<sm90::KbConfig<Element, kD, false, true>>(prob, rows, target, stream))
+                : (saved_p ? run_sm90_keyblock<sm90::KbConfig<Element, kD, true, false>>(prob, rows, target, stream)
+                           : run_sm90_keyblock<sm90::KbConfig<Element, kD, false, false>>(prob, rows, target, stream));
   if (!s.ok() || direct_dq) return s;
   const int64_t items = prob.B * prob.Hq * ((prob.Sq + sm90::kConvertItemRows - 1) / sm90::kConvertItemRows);
   const int64_t blocks = std::min<int64_t>(items, kConvertBlocksMax);

@@ -15,9 +15,10 @@ struct Params;
 }  // namespace generic
 
 namespace sm90 {
+struct DqTarget;
 template <class Element_, int kHeadDim_>
 struct Config;
-template <class Element_, int kHeadDim_, bool kSavedP_>
+template <class Element_, int kHeadDim_, bool kSavedP_, bool kDirectDq_>
 struct KbConfig;
 template <class Element_, int kHeadDim_, bool kSavedP_>
 struct BwdConfig;
@@ -44,19 +45,22 @@ Status run_sm90_forward(const Problem& prob, CUstream_st* stream);
 QKSOFTMAX_SM90_CONFIGS(QKSOFTMAX_DECLARE_SM90)
 #undef QKSOFTMAX_DECLARE_SM90
 
-// The key-block pass of the two-pass backward (after the row statistics, where dQ is added straight into dQ):
-// one instantiation per dtype, head dimension and mode.
+// The key-block pass of the two-pass backward (after the row statistics): one instantiation per dtype, head
+// dimension, mode, and where dQ is added (straight into dQ, or into the fp32 accumulator).
 template <class KbCfg>
-Status run_sm90_keyblock(const Problem& prob, const generic::Params& rows, CUstream_st* stream);
+Status run_sm90_keyblock(const Problem& prob, const generic::Params& rows, const sm90::DqTarget& target,
+                         CUstream_st* stream);
 #define QKSOFTMAX_SM90_KB_CONFIGS(X) \
   X(cutlass::bfloat16_t, 128, false) \
   X(cutlass::bfloat16_t, 128, true)  \
   X(cutlass::half_t, 128, false)     \
   X(cutlass::half_t, 128, true)
 
-#define QKSOFTMAX_DECLARE_SM90_KB(T, HD, SAVED_P) \
-  extern template Status run_sm90_keyblock<sm90::KbConfig<T, HD, SAVED_P>>(const Problem&, const generic::Params&, \
-                                                                           CUstream_st*);
+#define QKSOFTMAX_DECLARE_SM90_KB(T, HD, SAVED_P)                                                               \
+  extern template Status run_sm90_keyblock<sm90::KbConfig<T, HD, SAVED_P, true>>(                               \
+      const Problem&, const generic::Params&, const sm90::DqTarget&, CUstream_st*);                              \
+  extern template Status run_sm90_keyblock<sm90::KbConfig<T, HD, SAVED_P, false>>(                              \
+      const Problem&, const generic::Params&, const sm90::DqTarget&, CUstream_st*);
 QKSOFTMAX_SM90_KB_CONFIGS(QKSOFTMAX_DECLARE_SM90_KB)
 #undef QKSOFTMAX_DECLARE_SM90_KB
 

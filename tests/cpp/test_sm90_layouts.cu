@@ -24,13 +24,13 @@ using namespace cute;
 // The column pass stores each thread's dQ pairs at base + 4 · dq_offset(r, d): the addresses of CuTe's
 // partition of the swizzled buffer, pairs of adjacent columns 8-byte aligned.
 template <class Cfg>
-void check_dq_offsets() {
+void check_dq_offsets(int threads = Cfg::kThreads) {
   using L = typename Cfg::SmemLayoutdQ;
   static float buf[cosize_v<L>] __attribute__((aligned(1024)));
   Tensor sdQ = make_tensor(make_smem_ptr(buf), L{});  // (BM, D)
   typename Cfg::MmadQ mma_dq;
   int wrong = 0, unpaired = 0;
-  for (int tid = 0; tid < Cfg::kThreads; ++tid) {
+  for (int tid = 0; tid < threads; ++tid) {
     auto thr = mma_dq.get_thread_slice(tid);
     Tensor tdQcdQ = thr.partition_C(make_identity_tensor(Shape<typename Cfg::BM, typename Cfg::HD>{}));
     Tensor tdQsdQ = thr.partition_C(sdQ);
@@ -236,9 +236,11 @@ TEST(Sm90Layouts, MatrixAccessStages) {
 // ---- The key-block pass (sm90/kb_*): its consumer warpgroups slice their MMAs and copies by
 // threadIdx.x % 128, so every check below runs over the 128 threads of a warpgroup and both consumers w.
 
-using KbBf16Recompute = KbConfig<cutlass::bfloat16_t, 128, false>;
-using KbBf16SavedP = KbConfig<cutlass::bfloat16_t, 128, true>;
-using KbFp16SavedP = KbConfig<cutlass::half_t, 128, true>;
+using KbBf16Recompute = KbConfig<cutlass::bfloat16_t, 128, false, true>;
+using KbBf16SavedP = KbConfig<cutlass::bfloat16_t, 128, true, true>;
+using KbFp16SavedP = KbConfig<cutlass::half_t, 128, true, true>;
+using KbBf16RecomputeAccum = KbConfig<cutlass::bfloat16_t, 128, false, false>;  // dQ into the fp32 accumulator
+using KbFp16SavedPAccum = KbConfig<cutlass::half_t, 128, true, false>;
 constexpr int kWarpgroup = 128;
 
 // A fragment laid out like the consumer's 16-bit copy of Sᵀ's accumulator (kb_mainloop.cuh's FragS16),
@@ -520,6 +522,9 @@ void check_kb_dq_stores() {
 TEST(Sm90Layouts, KeyBlockDqStores) {
   check_kb_dq_stores<KbBf16Recompute>();
   check_kb_dq_stores<KbFp16SavedP>();
+  // Into the fp32 accumulator: pairs at dq_offset, as the column pass stores them, by the one consumer.
+  check_dq_offsets<KbBf16RecomputeAccum>(kWarpgroup);
+  check_dq_offsets<KbFp16SavedPAccum>(kWarpgroup);
 }
 
 // (5) K_w as Sᵀ's register A operand: CopyKA (ldmatrix) from consumer w's (HF, D) part of K, as TMA wrote it,
@@ -624,7 +629,7 @@ void check_kb_storage() {
   // Every stage's tiles inside their arrays (the stage modes of the layouts are whole tiles apart).
   EXPECT_EQ(int(cosize_v<typename Cfg::SmemLayoutQ>), Cfg::kStages * kQBox / int(sizeof(Element)));
   EXPECT_EQ(int(cosize_v<typename Cfg::SmemLayoutP>), Cfg::kStages * kPBox / int(sizeof(Element)));
-  EXPECT_EQ(int(sizeof(st.dq[0])), Cfg::kBlockM * Cfg::kHeadDim * int(sizeof(Element)));
+  EXPECT_EQ(int(sizeof(st.dq[0])), Cfg::kBlockM * Cfg::kHeadDim * int(sizeof(typename Cfg::DqElement)));
   EXPECT_LE(Cfg::kSmemBytes, 227 * 1024);
 }
 
@@ -632,6 +637,8 @@ TEST(Sm90Layouts, KeyBlockStorage) {
   check_kb_storage<KbBf16Recompute>();
   check_kb_storage<KbBf16SavedP>();
   check_kb_storage<KbFp16SavedP>();
+  check_kb_storage<KbBf16RecomputeAccum>();
+  check_kb_storage<KbFp16SavedPAccum>();
 }
 
 }  // namespace

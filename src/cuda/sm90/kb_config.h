@@ -15,6 +15,8 @@
 #pragma once
 
 #include <cute/tensor.hpp>
+
+#include <type_traits>
 // (after cute/tensor.hpp, which they need)
 #include <cute/arch/copy_sm90.hpp>
 #include <cute/atom/copy_traits_sm90_tma.hpp>
@@ -31,7 +33,9 @@ namespace qksoftmax::cuda::sm90 {
 
 using namespace cute;
 
-template <class Element_, int kHeadDim_, bool kSavedP_>
+// kDirectDq: each step's dQ partial is scaled, rounded to 16 bits and added into dQ itself (rows of up to
+// kSm90DirectDqMaxSk keys); otherwise added in fp32 into the accumulator that convert_dq_kernel scales.
+template <class Element_, int kHeadDim_, bool kSavedP_, bool kDirectDq_>
 struct KbConfig : StepTiles<Element_, kHeadDim_, kSavedP_, kSavedP_ ? 2 : 3> {
   using Base = StepTiles<Element_, kHeadDim_, kSavedP_, kSavedP_ ? 2 : 3>;
   using Element = Element_;
@@ -44,6 +48,8 @@ struct KbConfig : StepTiles<Element_, kHeadDim_, kSavedP_, kSavedP_ ? 2 : 3> {
   static constexpr int kBlockN = Base::kBlockN;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kSavedP = kSavedP_;
+  static constexpr bool kDirectDq = kDirectDq_;
+  using DqElement = std::conditional_t<kDirectDq, Element, float>;  // what a dQ partial is added as
   // (Q, dP[, P]) stages: three of 32 KB in recompute, two of 48 KB in saved-P.
   static constexpr int kStages = Base::kStages;
 
@@ -91,8 +97,8 @@ struct KbConfig : StepTiles<Element_, kHeadDim_, kSavedP_, kSavedP_ ? 2 : 3> {
   using SmemLayoutdS2 = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<BM, BN, DB>{}));
   using SmemLayoutdSt2 = decltype(composition(
       SmemLayoutdS2{}, make_layout(Shape<BN, BM, DB>{}, Stride<BM, _1, Int<kBlockM * kBlockN>>{})));
-  // 16-bit dQ partials, 128-byte swizzled (rows 8 apart in different banks) as TMA reads them.
-  using SmemLayoutdQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<BM, HD>{}));  // (rows, d)
+  // dQ partials, 128-byte swizzled (rows 8 apart in different banks) as TMA reads them.
+  using SmemLayoutdQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<DqElement>{}, Shape<BM, HD>{}));  // (rows, d)
 
   // Sᵀ = K_w Qᵀ: M = a consumer's 64 keys, N = 64 rows, K = D; A = K_w from registers (loaded once by
   // ldmatrix, CopyKA), B = Q K-major.
@@ -105,7 +111,7 @@ struct KbConfig : StepTiles<Element_, kHeadDim_, kSavedP_, kSavedP_ ? 2 : 3> {
   // dQ = dS K over the CTA's 128 keys and all of D, by one consumer: dS K-major, K as (D, keys) MN-major.
   using MmadQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<BM, HD, BN>, GMMA::Major::K, GMMA::Major::MN>()));
-  // The dQ partial, rounded, into its staging buffer by stmatrix.
+  // The dQ partial, rounded, into its staging buffer by stmatrix (kDirectDq).
   using CopydQ = decltype(make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, MmadQ{}));
 
   // dPᵀ, Pᵀ into Sᵀ's accumulator layout (ldmatrix.trans) and dSᵀ out of it (stmatrix.trans), through the
@@ -118,10 +124,10 @@ struct KbConfig : StepTiles<Element_, kHeadDim_, kSavedP_, kSavedP_ ? 2 : 3> {
     return local_tile(static_cast<Tile&&>(tile), Shape<HF, BM>{}, make_coord(w, 0));
   }
 
-  // dQ (rows, d, head, batch), reduce-added to.
+  // What the partials are reduce-added into, (rows, d, head, batch): dQ or the fp32 accumulator.
   using TmadQ = decltype(make_tma_copy(
       SM90_TMA_REDUCE_ADD{},
-      make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), Shape<int32_t, HD, int32_t, int32_t>{},
+      make_tensor(make_gmem_ptr(static_cast<DqElement*>(nullptr)), Shape<int32_t, HD, int32_t, int32_t>{},
                   Stride<int64_t, _1, int64_t, int64_t>{}),
       SmemLayoutdQ{}));
 
@@ -140,7 +146,7 @@ struct KbConfig : StepTiles<Element_, kHeadDim_, kSavedP_, kSavedP_ ? 2 : 3> {
     alignas(1024) cute::array<Element, cosize_v<typename Base::SmemLayoutP>> dp;
     alignas(1024) cute::array<Element, kSavedP ? cosize_v<typename Base::SmemLayoutP> : 1> p;
     alignas(1024) cute::array<Element, cosize_v<SmemLayoutdS2>> ds;
-    alignas(1024) cute::array<Element, cosize_v<SmemLayoutdQ>> dq[kBuffers];
+    alignas(1024) cute::array<DqElement, cosize_v<SmemLayoutdQ>> dq[kBuffers];
     // (LSE·log2e, D) of each row of a step (LSE 0 in saved-P, both 0 past Sq), by stage.
     alignas(16) float2 rows[kStages][kBlockM];
     typename StagePipeline::SharedStorage stage_pipe;
@@ -149,6 +155,12 @@ struct KbConfig : StepTiles<Element_, kHeadDim_, kSavedP_, kSavedP_ ? 2 : 3> {
   };
   static constexpr int kSmemBytes = int(sizeof(Storage));
   static_assert(kSmemBytes <= 227 * 1024, "the key-block pass's shared memory exceeds a CTA's 227 KB");
+
+  // Element offset of (row, d) in an fp32 dQ buffer, the swizzle in element units (SmemLayoutdQ's own swizzle
+  // acts on byte addresses: applied to an element index it would move the wrong bits).
+  CUTE_HOST_DEVICE static int dq_offset(int row, int d) {
+    return as_position_independent_swizzle_layout(SmemLayoutdQ{})(row, d);
+  }
 
   // The key-block pass's parameters (those of the column pass it replaces).
   struct Params {

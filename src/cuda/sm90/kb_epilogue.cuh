@@ -1,7 +1,7 @@
-// The epilogues of the key-block pass: each step's 16-bit dQ partial (64 rows × D, scaled, from the consumer
-// whose turn the step was) reduce-added into dQ by one TMA from the step's staging buffer (the dQ warp: not
-// deterministic, the adds of different CTAs land in any order); dK stored by the consumers from their
-// accumulators at the end.
+// The epilogues of the key-block pass: each step's dQ partial (64 rows × D, from the consumer whose turn the
+// step was) reduce-added by one TMA from the step's staging buffer into dQ (16 bits, scaled) or the fp32
+// accumulator (the dQ warp: not deterministic, the adds of different CTAs land in any order); dK stored by the
+// consumers from their accumulators at the end.
 #pragma once
 
 #include <cutlass/arch/barrier.h>

@@ -91,11 +91,18 @@ struct KbMainloop {
     auto thr_dq = mma_dq.get_thread_slice(tid);
     const Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);   // (MMA, 1, BN/16, DB) descriptors
     const Tensor tdQrK = thr_dq.partition_fragment_B(sKt);    // (MMA, 1, BN/16) descriptors
-    // The rounded dQ partial into this consumer's staging buffer (buffer w: its turns are the steps t mod 2 = w).
+    // The dQ partial into this consumer's staging buffer (buffer w: its turns are the steps t mod 2 = w).
     typename Cfg::CopydQ r2s_dq;
     auto thr_r2s_dq = r2s_dq.get_thread_slice(tid);
-    const auto dq_addr = matrix_addresses(thr_r2s_dq.partition_D(
-        make_tensor(make_smem_ptr(st.dq[w].data()), typename Cfg::SmemLayoutdQ{})));  // (A, CPY_M, CPY_D)
+    const auto dq_addr = [&] {  // (A, CPY_M, CPY_D), kDirectDq
+      if constexpr (Cfg::kDirectDq) {
+        return matrix_addresses(thr_r2s_dq.partition_D(
+            make_tensor(make_smem_ptr(st.dq[w].data()), typename Cfg::SmemLayoutdQ{})));
+      } else {
+        return 0;
+      }
+    }();
+    Tensor tdQcdQ = thr_dq.partition_C(make_identity_tensor(Shape<BM, HD>{}));  // (MMA, 1, 1) → (r, d), fp32
     const uint32_t rows_base = smem_addr(&st.rows[0][0]);
     constexpr uint32_t kRowsStageBytes = uint32_t(sizeof(st.rows[0]));
 
@@ -137,14 +144,25 @@ struct KbMainloop {
       });
     };
 
-    // The dQ partial of step s (this consumer's turn: buffer s mod 2 = w), its product complete, scaled and
-    // rounded into the staging buffer once the reduce-add of step s − 2 has read it, for the dQ warp.
+    // The dQ partial of step s (this consumer's turn: buffer s mod 2 = w), its product complete, into the
+    // staging buffer once the reduce-add of step s − 2 has read it, for the dQ warp: scaled and rounded by
+    // stmatrix (kDirectDq), or as fp32 pairs of adjacent columns in 8-byte stores (the swizzle moves 16-byte
+    // chunks, so a pair stays together).
     const auto write_dq = [&](int s, const auto& acc) {
       if (s >= kBuffers) cutlass::arch::NamedBarrier::sync(Cfg::kDqBarrierThreads, Cfg::kDqEmptyBarrier + w);
-      Tensor out = make_fragment_like<Element>(acc);  // (MMA, 1, 1)
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc); ++i) out(i) = Element(acc(i) * prob.scale);
-      store_matrices(dq_addr, 0, thr_r2s_dq.retile_S(out));
+      if constexpr (Cfg::kDirectDq) {
+        Tensor out = make_fragment_like<Element>(acc);  // (MMA, 1, 1)
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc); ++i) out(i) = Element(acc(i) * prob.scale);
+        store_matrices(dq_addr, 0, thr_r2s_dq.retile_S(out));
+      } else {
+        const uint32_t dq = smem_addr(st.dq[w].data());
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc); i += 2) {
+          const int offset = Cfg::dq_offset(get<0>(tdQcdQ(i)), get<1>(tdQcdQ(i)));
+          store_shared_f2(dq + uint32_t(offset) * uint32_t(sizeof(float)), acc(i), acc(i + 1));
+        }
+      }
       cutlass::arch::fence_view_async_shared();  // dQ written by threads, read by TMA
       cutlass::arch::NamedBarrier::arrive(Cfg::kDqBarrierThreads, Cfg::kDqFullBarrier + w);
     };

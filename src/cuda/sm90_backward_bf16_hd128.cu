@@ -3,5 +3,5 @@
 #include "cuda/sm90_instances.h"
 
 namespace qksoftmax::cuda {
-template Status run_sm90_backward<sm90::Config<cutlass::bfloat16_t, 128>>(const Problem&, void*, CUstream_st*);
+template Status run_sm90_backward<sm90::Config<cutlass::bfloat16_t, 128>>(const Problem&, bool, void*, CUstream_st*);
 }  // namespace qksoftmax::cuda

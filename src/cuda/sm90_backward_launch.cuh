@@ -1,4 +1,5 @@
-// Host side of the Hopper backward: TMA descriptors, row statistics, dQ accumulator, column pass, dQ scaling.
+// Host side of the Hopper backward: TMA descriptors, row statistics, column pass, and where dQ is added through
+// the fp32 accumulator its scaling.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,6 +10,7 @@
 
 #include "cuda/generic_launch.cuh"
 #include "cuda/sm90_colpass.cuh"
+#include "cuda/sm90_instances.h"
 #include "cuda/sm90_rowstats.cuh"
 
 namespace qksoftmax::cuda {
@@ -53,17 +55,32 @@ typename Tiles::Loads step_loads(const Problem& prob) {
 
 }  // namespace sm90
 
+// What the column pass adds its dQ partials into, as DqTarget (byte strides) for the row statistics to clear:
+// dQ itself (direct) or the fp32 accumulator, (B, Hq, Sq, D), contiguous.
+template <class Element>
+sm90::DqTarget dq_target(const Problem& prob, bool direct, float* dq_accum) {
+  constexpr int64_t kVector = 16;
+  if (direct) {
+    const int64_t e = sizeof(Element);
+    return {static_cast<char*>(prob.dq.ptr), prob.dq.sb * e, prob.dq.sh * e, prob.dq.sr * e, int(prob.D * e / kVector)};
+  }
+  const int64_t row = prob.D * int64_t(sizeof(float));
+  return {reinterpret_cast<char*>(dq_accum), prob.Hq * prob.Sq * row, prob.Sq * row, row, int(row / kVector)};
+}
+
 template <class ColCfg>
-Status run_sm90_colpass(const Problem& prob, const generic::Params& rows, float* dq_accum, CUstream_st* stream) {
+Status run_sm90_colpass(const Problem& prob, const generic::Params& rows, const sm90::DqTarget& target,
+                        CUstream_st* stream) {
   using namespace cute;
+  using DqElement = typename ColCfg::DqElement;
   constexpr const char* kName = "sm90 column pass";
-  constexpr int64_t kHeadDim = ColCfg::kHeadDim;
-  const auto accum = make_tensor(make_gmem_ptr(dq_accum),
-                                 make_shape(int32_t(prob.Sq), typename ColCfg::HD{}, int32_t(prob.Hq), int32_t(prob.B)),
-                                 make_stride(kHeadDim, _1{}, prob.Sq * kHeadDim, prob.Hq * prob.Sq * kHeadDim));
+  constexpr int64_t e = sizeof(DqElement);
+  const auto into = make_tensor(make_gmem_ptr(reinterpret_cast<DqElement*>(target.ptr)),
+                                make_shape(int32_t(prob.Sq), typename ColCfg::HD{}, int32_t(prob.Hq), int32_t(prob.B)),
+                                make_stride(target.sr / e, _1{}, target.sh / e, target.sb / e));
   const typename ColCfg::Params params{
       prob, sm90::step_loads<ColCfg>(prob),
-      make_tma_copy(SM90_TMA_REDUCE_ADD{}, accum, typename ColCfg::SmemLayoutdQ{}), rows.lse, rows.delta};
+      make_tma_copy(SM90_TMA_REDUCE_ADD{}, into, typename ColCfg::SmemLayoutdQ{}), rows.lse, rows.delta};
   const int64_t steps = (prob.Sq + ColCfg::kBlockM - 1) / ColCfg::kBlockM * prob.group();
   if (steps > INT_MAX) return {Code::kUnsupported, std::string(kName) + ": more than 2^31 - 1 row blocks per head"};
   const int64_t col_tiles = (prob.Sk + ColCfg::kBlockN - 1) / ColCfg::kBlockN * prob.B * prob.Hk;
@@ -71,7 +88,7 @@ Status run_sm90_colpass(const Problem& prob, const generic::Params& rows, float*
 }
 
 template <class Cfg>
-Status run_sm90_backward(const Problem& prob, void* workspace, CUstream_st* stream) {
+Status run_sm90_backward(const Problem& prob, bool direct_dq, void* workspace, CUstream_st* stream) {
   using namespace cute;
   using Element = typename Cfg::Element;
   using HD = typename Cfg::HD;
@@ -90,17 +107,23 @@ Status run_sm90_backward(const Problem& prob, void* workspace, CUstream_st* stre
       rows.lse,
       rows.delta,
       rows.lse_given,
-      dq_accum};
+      dq_target<Element>(prob, direct_dq, dq_accum)};
 
   const int64_t row_tiles = (prob.Sq + Cfg::kBlockM - 1) / Cfg::kBlockM * prob.B * prob.Hq;
   if (Status s = launch<Cfg>(sm90::rowstats_kernel<Cfg>, "sm90 row statistics", row_tiles, params, stream); !s.ok()) {
     return s;
   }
-  // The column pass adds into the accumulator the row statistics cleared; the conversion scales it.
-  const Status s = prob.mode == BackwardMode::kSavedP
-                       ? run_sm90_colpass<sm90::ColPassConfig<Element, Cfg::kHeadDim, true>>(prob, rows, dq_accum, stream)
-                       : run_sm90_colpass<sm90::ColPassConfig<Element, Cfg::kHeadDim, false>>(prob, rows, dq_accum, stream);
-  if (!s.ok()) return s;
+  // The key-block pass adds into what the row statistics cleared; where that is the accumulator, the
+  // conversion scales it into dQ.
+  constexpr int kD = Cfg::kHeadDim;
+  const bool saved_p = prob.mode == BackwardMode::kSavedP;
+  const sm90::DqTarget& target = params.dq_clear;
+  const Status s =
+      direct_dq ? (saved_p ? run_sm90_keyblock<sm90::KbConfig<Element, kD, true, true>>(prob, rows, target, stream)
+                           : run_sm90_keyblock<sm90::KbConfig<Element, kD, false, true>>(prob, rows, target, stream))
+                : (saved_p ? run_sm90_keyblock<sm90::KbConfig<Element, kD, true, false>>(prob, rows, target, stream)
+                           : run_sm90_keyblock<sm90::KbConfig<Element, kD, false, false>>(prob, rows, target, stream));
+  if (!s.ok() || direct_dq) return s;
   const int64_t items = prob.B * prob.Hq * ((prob.Sq + sm90::kConvertItemRows - 1) / sm90::kConvertItemRows);
   const int64_t blocks = std::min<int64_t>(items, kConvertBlocksMax);
   sm90::convert_dq_kernel<Element, Cfg::kHeadDim><<<unsigned(blocks), kConvertThreads, 0, stream>>>(prob, dq_accum);

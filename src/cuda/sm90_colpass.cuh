@@ -4,8 +4,10 @@
 //   recompute: S = Q Kᵀ (wgmma), P = 2^(S·scale·log2e − LSE·log2e);  saved-P: P tile
 //   dS = P ∘ (dP − D) → shared memory (16-bit, stmatrix)
 //   dK += dSᵀ Q (wgmma, registers)
-//   dQ partial = dS K (wgmma) → shared memory (fp32) → one TMA reduce-add into the fp32 accumulator
-// LSE and D come from the row statistics (sm90_rowstats.cuh); convert_dq_kernel scales and converts dQ.
+//   dQ partial = dS K (wgmma) → shared memory → one TMA reduce-add: fp32 into the accumulator, or (kDirectDq)
+//   scaled and rounded to 16 bits into dQ itself
+// LSE and D come from the row statistics (sm90_rowstats.cuh), which also clear what dQ is added into;
+// convert_dq_kernel scales and converts the accumulator.
 // The warpgroups split the 128 columns for S and dK and the head dimensions for dQ. Thread 0 issues the TMA
 // loads and the reduce-adds. The tensor cores work under the element-wise dS: S of step t + 1 is issued
 // before dS of step t is computed, and dK of step t completes during step t + 1 (waited for only before dS
@@ -14,6 +16,8 @@
 #pragma once
 
 #include <cutlass/arch/barrier.h>
+
+#include <type_traits>
 
 #include "cuda/sm90_config.h"
 #include "cuda/sm90_step.cuh"
@@ -26,25 +30,30 @@ using namespace cute;
 // keeps four and saved-P, whose stage is half as large again, three. One dQ staging buffer: the reduce-add
 // issued at the end of step t − 1 must have read it by the first barrier of step t (S issued, dS computed),
 // where the leader waits for it.
-template <class Element_, int kHeadDim_, bool kSavedP_>
+// kDirectDq: each partial is scaled, rounded to 16 bits and added into dQ itself (half the bytes of the fp32
+// partial, no accumulator, no conversion pass), for rows of few enough column blocks that the 16-bit sums stay
+// within the accuracy bar (kSm90DirectDqMaxSk).
+template <class Element_, int kHeadDim_, bool kSavedP_, bool kDirectDq_>
 struct ColPassConfig : StepTiles<Element_, kHeadDim_, kSavedP_, kSavedP_ ? 3 : 4> {
   using Base = StepTiles<Element_, kHeadDim_, kSavedP_, kSavedP_ ? 3 : 4>;
   using Element = Element_;
   using typename Base::BM;
   using typename Base::HD;
+  static constexpr bool kDirectDq = kDirectDq_;
+  using DqElement = std::conditional_t<kDirectDq, Element, float>;  // what a dQ partial is added as
 
-  // fp32 dQ partials, 128-byte swizzled (rows 8 apart in different banks) as TMA reads them.
-  using SmemLayoutdQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{}, Shape<BM, HD>{}));  // (rows, d)
+  // dQ partials, 128-byte swizzled (rows 8 apart in different banks) as TMA reads them.
+  using SmemLayoutdQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<DqElement>{}, Shape<BM, HD>{}));  // (rows, d)
 
-  // The fp32 accumulator (rows, d, head, batch), contiguous, reduce-added to.
+  // What the partials are reduce-added into, (rows, d, head, batch): the fp32 accumulator (contiguous) or dQ.
   using TmadQ = decltype(make_tma_copy(
       SM90_TMA_REDUCE_ADD{},
-      make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)), Shape<int32_t, HD, int32_t, int32_t>{},
+      make_tensor(make_gmem_ptr(static_cast<DqElement*>(nullptr)), Shape<int32_t, HD, int32_t, int32_t>{},
                   Stride<int64_t, _1, int64_t, int64_t>{}),
       SmemLayoutdQ{}));
 
   struct Storage : Base::Tiles {
-    alignas(1024) cute::array<float, cosize_v<SmemLayoutdQ>> dq;
+    alignas(1024) cute::array<DqElement, cosize_v<SmemLayoutdQ>> dq;
     alignas(8) uint64_t stage_full[Base::kStages];
     alignas(8) uint64_t k_full;
   };
@@ -94,19 +103,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const bool leader = tid == 0;
   const float scale_log2 = prob.scale * kLog2e;
 
-  // (query head of the group, row block) of consecutive steps, advanced without divisions: one cursor for
-  // the consumers' step, one for the leader's next load.
-  struct Cursor {
-    int64_t head;
-    int block;
-    __device__ void advance(int first, int end) {
-      if (++block == end) {
-        block = first;
-        ++head;
-      }
-    }
-  };
-  Cursor step_at{kv_head * group, first_row_block}, load_at = step_at;
+  // One cursor for the consumers' step, one for the leader's next load.
+  StepCursor step_at{kv_head * group, first_row_block}, load_at = step_at;
 
   Tensor sQ = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQ{});       // (BM, D, ST)
   Tensor sQt = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQt{});     // (D, BM, ST)
@@ -116,7 +114,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   Tensor sP = make_tensor(make_smem_ptr(st.p.data()), typename Cfg::SmemLayoutP{});       // (BM, BN, ST), saved-P
   Tensor sdS = make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdS{});    // (BM, BN)
   Tensor sdSt = make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdSt{});  // (BN, BM)
-  Tensor sdQ = make_tensor(make_smem_ptr(st.dq.data()), typename Cfg::SmemLayoutdQ{});    // (BM, D) fp32
+  Tensor sdQ = make_tensor(make_smem_ptr(st.dq.data()), typename Cfg::SmemLayoutdQ{});    // (BM, D) DqElement
 
   Tensor mdQ = params.tma_dq.get_tma_tensor(make_shape(int32_t(Sq), HD{}, int32_t(prob.Hq), int32_t(prob.B)));
 
@@ -152,22 +150,30 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   Tensor tScS = thr_s.partition_C(make_identity_tensor(Shape<BM, BN>{}));  // (MMA, MMA_M, MMA_N) → (r, c)
   Tensor tScS_rc = make_tensor(tScS.data(), rowcol(tScS.layout()));         // (rows, cols) → (r, c)
   Tensor tdQcdQ = thr_dq.partition_C(make_identity_tensor(Shape<BM, HD>{}));  // (MMA, MMA_M, MMA_D) → (r, d)
-  const uint32_t dq_base = smem_addr(st.dq.data());
   constexpr int kRows = size<0>(decltype(tScS_rc.layout()){});
 
   // 16-bit tiles between shared memory and the accumulator's layout by ldmatrix / stmatrix.
   auto s2r = make_tiled_copy_C(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma_s);
   auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_s);
+  auto r2s_dq = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_dq);  // kDirectDq
   auto thr_s2r = s2r.get_thread_slice(tid);
   auto thr_r2s = r2s.get_thread_slice(tid);
+  auto thr_r2s_dq = r2s_dq.get_thread_slice(tid);
   const auto dp_addr = matrix_addresses(thr_s2r.partition_S(sdP(_, _, 0)));  // (A, CPY_M, CPY_N), stage 0
   const auto p_addr = matrix_addresses(thr_s2r.partition_S(sP(_, _, 0)));    // (A, CPY_M, CPY_N), stage 0, saved-P
   const auto ds_addr = matrix_addresses(thr_r2s.partition_D(sdS));           // (A, CPY_M, CPY_N)
+  const auto dq_addr = [&] {  // (A, CPY_M, CPY_D), kDirectDq
+    if constexpr (Cfg::kDirectDq) {
+      return matrix_addresses(thr_r2s_dq.partition_D(sdQ));
+    } else {
+      return 0;
+    }
+  }();
 
   // This thread's rows' LSE and D for the step at `at`, loaded a step before they are used (and only scaled
   // there: an operation on a loaded value would wait for the load).
   float lse[kRows], delta[kRows];
-  const auto load_rows = [&](const Cursor& at) {
+  const auto load_rows = [&](const StepCursor& at) {
     const int64_t m0 = int64_t(at.block) * kBlockM;
     const float* lse_rows = params.lse.ptr + params.lse.offset(b, at.head, m0);  // row m0 of the step
     const float* delta_rows = params.delta.ptr + params.delta.offset(b, at.head, m0);
@@ -244,12 +250,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       CUTE_UNROLL
       for (int i = 0; i < size(tSrS); ++i) tSrS(i) = tSrS_next(i);
     }
-    // Pairs of adjacent columns as 8-byte shared-memory stores (the swizzle moves 16-byte chunks, so a pair
-    // stays together), addressed by 32-bit offsets from the (row, d) of each pair.
-    CUTE_UNROLL
-    for (int i = 0; i < size(tdQrdQ); i += 2) {
-      const int offset = Cfg::dq_offset(get<0>(tdQcdQ(i)), get<1>(tdQcdQ(i)));
-      store_shared_f2(dq_base + uint32_t(offset) * uint32_t(sizeof(float)), tdQrdQ(i), tdQrdQ(i + 1));
+    if constexpr (Cfg::kDirectDq) {  // scaled and rounded here: what is added into dQ is final
+      Tensor tdQrdQ_out = make_fragment_like<Element>(tdQrdQ);  // (MMA, MMA_M, MMA_D)
+      CUTE_UNROLL
+      for (int i = 0; i < size(tdQrdQ); ++i) tdQrdQ_out(i) = Element(tdQrdQ(i) * prob.scale);
+      store_matrices(dq_addr, 0, thr_r2s_dq.retile_S(tdQrdQ_out));
+    } else {
+      // Pairs of adjacent columns as 8-byte shared-memory stores (the swizzle moves 16-byte chunks, so a pair
+      // stays together), addressed by 32-bit offsets from the (row, d) of each pair.
+      const uint32_t dq_base = smem_addr(st.dq.data());
+      CUTE_UNROLL
+      for (int i = 0; i < size(tdQrdQ); i += 2) {
+        const int offset = Cfg::dq_offset(get<0>(tdQcdQ(i)), get<1>(tdQcdQ(i)));
+        store_shared_f2(dq_base + uint32_t(offset) * uint32_t(sizeof(float)), tdQrdQ(i), tdQrdQ(i + 1));
+      }
     }
     cutlass::arch::fence_view_async_shared();  // dQ written by threads, read by TMA
     __syncthreads();  // also: both warpgroups' dQ of step t, which read all of sdS, are done

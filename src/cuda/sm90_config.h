@@ -103,6 +103,17 @@ __device__ inline void with_mask(bool masked, F&& f) {
 CUTE_HOST_DEVICE int64_t dq_accum_offset(const Problem& prob, int64_t b, int64_t h, int64_t r) {
   return ((b * prob.Hq + h) * prob.Sq + r) * prob.D;
 }
+// The rows of dQ that the row statistics clear for the column pass to add into: the fp32 accumulator, or dQ
+// itself where the column pass adds its 16-bit partials there directly. Strides in bytes; a row is
+// `row_vectors` 16-byte vectors, and every row start is 16-byte aligned (TMA's alignment).
+struct DqTarget {
+  char* ptr;
+  int64_t sb, sh, sr;
+  int row_vectors;
+  CUTE_HOST_DEVICE uint4* row(int64_t b, int64_t h, int64_t r) const {
+    return reinterpret_cast<uint4*>(ptr + b * sb + h * sh + r * sr);
+  }
+};
 // Whether every row start of an operand of Element (pointer and strides) is aligned to `elements` elements.
 template <class Element>
 CUTE_HOST_DEVICE bool aligned_rows(const Operand& op, int64_t elements) {
@@ -266,7 +277,7 @@ struct Config {
     generic::RowVec lse;    // written by the row statistics unless lse_given; read by the column pass
     generic::RowVec delta;  // D, written by the row statistics
     bool lse_given;
-    float* dq_accum;  // the column pass's fp32 dQ accumulator (B, Hq, Sq, D): cleared here
+    DqTarget dq_clear;  // what the column pass adds dQ into, cleared here
   };
 };
 

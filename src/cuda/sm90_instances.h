@@ -10,9 +10,16 @@ struct CUstream_st;
 
 namespace qksoftmax::cuda {
 
+namespace generic {
+struct Params;
+}  // namespace generic
+
 namespace sm90 {
+struct DqTarget;
 template <class Element_, int kHeadDim_>
 struct Config;
+template <class Element_, int kHeadDim_, bool kSavedP_, bool kDirectDq_>
+struct KbConfig;
 template <class Element_, int kHeadDim_, bool kSavedP_>
 struct BwdConfig;
 template <class Element_, int kHeadDim_>
@@ -20,7 +27,7 @@ struct ForwardConfig;
 }  // namespace sm90
 
 template <class Cfg>
-Status run_sm90_backward(const Problem& prob, void* workspace, CUstream_st* stream);
+Status run_sm90_backward(const Problem& prob, bool direct_dq, void* workspace, CUstream_st* stream);
 template <class Cfg>
 Status run_sm90_bwd(const Problem& prob, CUstream_st* stream, int64_t repeat = 1);
 // Clusters of `cluster` CTAs of the single-pass backward resident at once on the current device (0 on error).
@@ -34,9 +41,28 @@ Status run_sm90_forward(const Problem& prob, CUstream_st* stream);
   X(cutlass::half_t, 128)
 
 #define QKSOFTMAX_DECLARE_SM90(T, HD) \
-  extern template Status run_sm90_backward<sm90::Config<T, HD>>(const Problem&, void*, CUstream_st*);
+  extern template Status run_sm90_backward<sm90::Config<T, HD>>(const Problem&, bool, void*, CUstream_st*);
 QKSOFTMAX_SM90_CONFIGS(QKSOFTMAX_DECLARE_SM90)
 #undef QKSOFTMAX_DECLARE_SM90
+
+// The key-block pass of the two-pass backward (after the row statistics): one instantiation per dtype, head
+// dimension, mode, and where dQ is added (straight into dQ, or into the fp32 accumulator).
+template <class KbCfg>
+Status run_sm90_keyblock(const Problem& prob, const generic::Params& rows, const sm90::DqTarget& target,
+                         CUstream_st* stream);
+#define QKSOFTMAX_SM90_KB_CONFIGS(X) \
+  X(cutlass::bfloat16_t, 128, false) \
+  X(cutlass::bfloat16_t, 128, true)  \
+  X(cutlass::half_t, 128, false)     \
+  X(cutlass::half_t, 128, true)
+
+#define QKSOFTMAX_DECLARE_SM90_KB(T, HD, SAVED_P)                                                               \
+  extern template Status run_sm90_keyblock<sm90::KbConfig<T, HD, SAVED_P, true>>(                               \
+      const Problem&, const generic::Params&, const sm90::DqTarget&, CUstream_st*);                              \
+  extern template Status run_sm90_keyblock<sm90::KbConfig<T, HD, SAVED_P, false>>(                              \
+      const Problem&, const generic::Params&, const sm90::DqTarget&, CUstream_st*);
+QKSOFTMAX_SM90_KB_CONFIGS(QKSOFTMAX_DECLARE_SM90_KB)
+#undef QKSOFTMAX_DECLARE_SM90_KB
 
 // The single-pass (cluster) backward takes rows of up to this many keys (a portable cluster of 8 CTAs × 128
 // keys); the two-pass backward takes longer rows.

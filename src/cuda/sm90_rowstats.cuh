@@ -5,8 +5,8 @@
 //   recompute, LSE given: D = Σ_j exp(S_ij − LSE_i) dP_ij
 //   saved-P:              D = Σ_j P_ij dP_ij (no product)
 // The four lanes of a quad share the rows of a wgmma accumulator: row sums end in quad shuffles.
-// It also clears its rows of the fp32 dQ accumulator that the column pass adds into (a pass of its own over
-// the accumulator, a memset, cost more: measured in docs/PERFORMANCE.md, v7c).
+// It also clears its rows of what the column pass adds dQ into, the fp32 accumulator or dQ itself (a pass of
+// its own, a memset, cost more: measured in docs/PERFORMANCE.md, v7c).
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -162,10 +162,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     __syncthreads();  // the stage is free for the next TMA
   }
 
-  // The accumulator's rows of this block, cleared after the loop (no fence of the loop waits for the stores).
-  const int64_t rows = min(int64_t(Cfg::kBlockM), prob.Sq - m0);
-  float4* accum = reinterpret_cast<float4*>(params.dq_accum + dq_accum_offset(prob, b, h, m0));
-  for (int64_t i = threadIdx.x; i < rows * Cfg::kHeadDim / 4; i += Cfg::kThreads) accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  // The dQ rows of this block, cleared after the loop (no fence of the loop waits for the stores).
+  const int rows = int(min(int64_t(Cfg::kBlockM), prob.Sq - m0));
+  const DqTarget& clear = params.dq_clear;
+  for (int i = threadIdx.x; i < rows * clear.row_vectors; i += Cfg::kThreads) {
+    clear.row(b, h, m0 + i / clear.row_vectors)[i % clear.row_vectors] = make_uint4(0, 0, 0, 0);
+  }
 
   if (threadIdx.x % kQuad != 0) return;
   CUTE_UNROLL

@@ -10,6 +10,19 @@ namespace qksoftmax::cuda::sm90 {
 
 using namespace cute;
 
+// The steps of a CTA's key block in order, (query head of the group, row block), advanced without divisions:
+// the row blocks from `first` (causal: the first that sees a key of the block) of each query head in turn.
+struct StepCursor {
+  int64_t head;
+  int block;
+  __device__ void advance(int first, int end) {
+    if (++block == end) {
+      block = first;
+      ++head;
+    }
+  }
+};
+
 // K of key block nb of (b, kv_head) into st.k, completing on `full`.
 template <class Cfg>
 __device__ void load_k_tile(const typename Cfg::Loads& tma, const Problem& prob, typename Cfg::Tiles& st,

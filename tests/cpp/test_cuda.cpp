@@ -84,7 +84,7 @@ void expect_matches(const Case& c, const Outputs& gpu, const Outputs& ref) {
 // on the same outputs and reference.
 void expect_gpu_matches_cpu(const Case& c, const Inputs& in,
                             const std::function<void(const Outputs& gpu, const Outputs& ref)>& more = {}) {
-  Outputs gpu(c, c.dtype, c.layout);
+  Outputs gpu(c, c.dtype, c.output_layout());
   const Status s = gpu_run(c, in, gpu);
   ASSERT_TRUE(s.ok()) << s.message();
   const Outputs ref = cpu_reference(c, in);
@@ -192,6 +192,16 @@ std::vector<Case> sweep() {
     for (Variant variant : kAllVariants) {
       cases.push_back({.B = 2, .Hq = 4, .Hk = 2, .Sq = 200, .Sk = 200, .D = 128, .dtype = DType::kFloat16,
                        .variant = variant, .layout = layout});
+    }
+  }
+  // Inputs in TMA's reach and dQ alone with padded rows: the two-pass backward adds dQ into the fp32
+  // accumulator where dQ is out of TMA's reach (odd padding), straight into its padded rows where it is not.
+  for (Layout out : {Layout::kOddPaddedRows, Layout::kPaddedRows}) {
+    for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+      for (Variant variant : kAllVariants) {
+        cases.push_back({.B = 1, .Hq = 2, .Hk = 1, .Sq = 264, .Sk = 264, .D = 128, .dtype = dtype,
+                         .variant = variant, .out_layout = out});
+      }
     }
   }
   for (double scale : {0.3, 2.0}) {
@@ -347,8 +357,9 @@ INSTANTIATE_TEST_SUITE_P(
                            .variant = Variant::kSavedP}),
     param_name);
 
-// The two-pass column pass (rows of more than 1024 keys) at shapes with more column blocks than SMs: an odd
-// column-block count, GQA, and causal Sk > Sq, where whole column blocks have no rows (their dK is zero).
+// The two-pass column pass at shapes with more column blocks than SMs, through the fp32 accumulator (rows of
+// more than 1024 keys) and with dQ added directly (up to 1024): an odd column-block count, GQA, and causal
+// Sk > Sq, where whole column blocks have no rows (their dK is zero).
 // Checked block by block (dQ by 64-row blocks, dK by 128-key blocks): one missing or misplaced tile among
 // hundreds would vanish in one Frobenius norm over the tensor.
 void expect_blocks_close(const char* name, const HostTensor& out, const std::vector<double>& ref, int64_t rows,
@@ -411,7 +422,10 @@ INSTANTIATE_TEST_SUITE_P(
                            .variant = Variant::kSavedP},
                       Case{.B = 1, .Hq = 16, .Hk = 16, .Sq = 1160, .Sk = 1160, .D = 128, .mask = Mask::kNone},
                       Case{.B = 2, .Hq = 32, .Hk = 16, .Sq = 136, .Sk = 1160, .D = 128,
-                           .variant = Variant::kRecomputeLse}),
+                           .variant = Variant::kRecomputeLse},
+                      Case{.B = 1, .Hq = 32, .Hk = 32, .Sq = 1016, .Sk = 1016, .D = 128},
+                      Case{.B = 1, .Hq = 32, .Hk = 16, .Sq = 1016, .Sk = 1016, .D = 128, .dtype = DType::kFloat16,
+                           .variant = Variant::kSavedP}),
     param_name);
 
 // The single pass with many more (batch, key head) items than resident clusters, so that each cluster walks

@@ -1,14 +1,18 @@
 // Host-side checks of the Hopper kernels' shared-memory address arithmetic against CuTe's own tensors: where a
 // kernel computes an address itself (32-bit offsets, stage strides), it must land where CuTe's partition of
-// the same tile says. These run on the CPU (no GPU needed).
+// the same tile says. For the key-block pass (sm90/kb_*) they also check by value which (row, key) each
+// register slot of a consumer receives or stores (ldmatrix / stmatrix emulated from the PTX ISA's rules) and
+// the register order of the RS wgmma's A operands. These run on the CPU (no GPU needed).
 #include <cute/tensor.hpp>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "cuda/sm90_colpass.cuh"
+#include "cuda/sm90/kb_config.h"
 #include "cuda/sm90_config.h"
 
 namespace qksoftmax::cuda::sm90 {
@@ -20,13 +24,13 @@ using namespace cute;
 // The column pass stores each thread's dQ pairs at base + 4 · dq_offset(r, d): the addresses of CuTe's
 // partition of the swizzled buffer, pairs of adjacent columns 8-byte aligned.
 template <class Cfg>
-void check_dq_offsets() {
+void check_dq_offsets(int threads = Cfg::kThreads) {
   using L = typename Cfg::SmemLayoutdQ;
   static float buf[cosize_v<L>] __attribute__((aligned(1024)));
   Tensor sdQ = make_tensor(make_smem_ptr(buf), L{});  // (BM, D)
   typename Cfg::MmadQ mma_dq;
   int wrong = 0, unpaired = 0;
-  for (int tid = 0; tid < Cfg::kThreads; ++tid) {
+  for (int tid = 0; tid < threads; ++tid) {
     auto thr = mma_dq.get_thread_slice(tid);
     Tensor tdQcdQ = thr.partition_C(make_identity_tensor(Shape<typename Cfg::BM, typename Cfg::HD>{}));
     Tensor tdQsdQ = thr.partition_C(sdQ);
@@ -43,9 +47,122 @@ void check_dq_offsets() {
 }
 
 TEST(Sm90Layouts, ColumnPassDqOffsets) {
-  check_dq_offsets<ColPassConfig<cutlass::bfloat16_t, 128, false>>();
-  check_dq_offsets<ColPassConfig<cutlass::bfloat16_t, 128, true>>();
-  check_dq_offsets<ColPassConfig<cutlass::half_t, 128, true>>();
+  check_dq_offsets<ColPassConfig<cutlass::bfloat16_t, 128, false, false>>();
+  check_dq_offsets<ColPassConfig<cutlass::bfloat16_t, 128, true, false>>();
+  check_dq_offsets<ColPassConfig<cutlass::half_t, 128, true, false>>();
+}
+
+// Two coordinates below 4096 as one int (and a stage or buffer above them).
+int code(int a, int b, int s = 0) { return s << 24 | a << 12 | b; }
+
+// The 16-bit element that half h of register j of lane t reads (ldmatrix.x4) or writes (stmatrix.x4), from
+// the 32 lanes' addresses (element offsets): lane 8j + i addresses row i of matrix j, 8 contiguous values;
+// lane t's register j holds (row t/4, columns 2(t%4) + h) of matrix j, or with .trans (row 2(t%4) + h,
+// column t/4) (PTX ISA, ldmatrix / stmatrix). Independent of CuTe's copy traits.
+int matrix_element(const int (&addr)[32], int t, int j, int h, bool trans) {
+  return trans ? addr[8 * j + 2 * (t % 4) + h] + t / 4 : addr[8 * j + t / 4] + 2 * (t % 4) + h;
+}
+
+// One warp's side of a warp-wide x4 matrix copy: per lane, the element offsets of its shared-memory side and
+// the codes of its register side, slot by slot; slots [8g, 8g + 8) are the g-th instruction (CuTe's copy
+// peels CPY into atom calls of 8 values, the first 8 in colexicographic order first).
+struct WarpCopy {
+  std::vector<int> smem[32], regs[32];
+  int split = 0;     // instructions whose 8 shared-memory values are not 16 contiguous, aligned bytes
+  int unpaired = 0;  // register slots (2i, 2i + 1) that are not the two halves of one 32-bit register
+  // The addresses of instruction g, checking the shared-memory side of each lane.
+  void addresses(int g, int (&addr)[32]) {
+    for (int t = 0; t < 32; ++t) {
+      addr[t] = smem[t][8 * g];
+      bool ok = addr[t] % 8 == 0;
+      for (int v = 1; v < 8; ++v) ok = ok && smem[t][8 * g + v] == addr[t] + v;
+      split += !ok;
+    }
+  }
+  int instructions() const { return int(smem[0].size()) / 8; }
+};
+
+// Lane `lane` of a copy: its shared-memory partition (offsets from base) and register slots (codes).
+template <class Element, class Smem, class Regs>
+void add_lane(WarpCopy& wc, int lane, const Element* base, const Smem& smem, const Regs& regs) {
+  ASSERT_EQ(int(size(smem)), int(size(regs)));
+  ASSERT_EQ(int(size(smem)) % kMatrixValues, 0);
+  for (int i = 0; i < size(smem); ++i) {
+    wc.smem[lane].push_back(int(&smem(i) - base));
+    wc.regs[lane].push_back(regs(i));
+    if (i % 2 == 1) wc.unpaired += &regs(i) != &regs(i - 1) + 1;
+  }
+}
+
+// Direct dQ: the column pass rounds its dQ accumulator to 16 bits and stores it by stmatrix (CuTe's STSM_N
+// copy of MmadQ's accumulator, one address per 8 values: store_matrices) into the swizzled 16-bit buffer that
+// the reduce-add's TMA reads (the key-block pass does the same with its own copy, check (4) below). CuTe's model must give each register slot the accumulator's own coordinate, and
+// stmatrix's own semantics applied to the lanes' addresses must write every (r, d) of the buffer once, with
+// the accumulator value (r, d), from 16 contiguous, aligned bytes per address.
+template <class Cfg, class Copy>
+void check_dq_stores(int threads) {
+  using Element = typename Cfg::Element;
+  using BM = typename Cfg::BM;
+  using HD = typename Cfg::HD;
+  using L = typename Cfg::SmemLayoutdQ;
+  static Element buf[cosize_v<L>] __attribute__((aligned(1024)));
+  Tensor sdQ = make_tensor(make_smem_ptr(buf), L{});  // (BM, D)
+  typename Cfg::MmadQ mma_dq;
+  Copy r2s;
+  std::vector<int> written(cosize_v<L>, -1);
+  int model = 0, twice = 0, split = 0, unpaired = 0;
+  for (int warp = 0; warp < threads / 32; ++warp) {
+    WarpCopy wc;
+    for (int lane = 0; lane < 32; ++lane) {
+      const int tid = warp * 32 + lane;
+      // The accumulator's coordinates, held as the kernel's fragment holds its values.
+      Tensor tdQcdQ = mma_dq.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<BM, HD>{}));  // → (r, d)
+      Tensor codes = make_fragment_like<int>(partition_fragment_C(mma_dq, Shape<BM, HD>{}));
+      static_assert(std::is_same_v<decltype(shape(codes)), decltype(shape(tdQcdQ))>);
+      for (int i = 0; i < size(codes); ++i) codes(i) = code(get<0>(tdQcdQ(i)), get<1>(tdQcdQ(i)));
+      auto thr = r2s.get_thread_slice(tid);
+      Tensor src = thr.retile_S(codes);
+      Tensor cS = thr.partition_S(make_identity_tensor(Shape<BM, HD>{}));  // CuTe's coordinate of each slot
+      for (int i = 0; i < size(src); ++i) model += src(i) != code(get<0>(cS(i)), get<1>(cS(i)));
+      add_lane(wc, lane, buf, thr.partition_D(sdQ), src);
+    }
+    for (int g = 0; g < wc.instructions(); ++g) {
+      int addr[32];
+      wc.addresses(g, addr);
+      for (int t = 0; t < 32; ++t) {
+        for (int v = 0; v < 8; ++v) {
+          int& at = written[matrix_element(addr, t, v / 2, v % 2, false)];
+          twice += at != -1;
+          at = wc.regs[t][8 * g + v];
+        }
+      }
+    }
+    split += wc.split;
+    unpaired += wc.unpaired;
+  }
+  int wrong = 0;
+  for (int r = 0; r < Cfg::kBlockM; ++r) {
+    for (int d = 0; d < Cfg::kHeadDim; ++d) wrong += written[&sdQ(r, d) - buf] != code(r, d);
+  }
+  EXPECT_EQ(model, 0) << "CuTe's model: register slots whose coordinate is not the accumulator's";
+  EXPECT_EQ(twice, 0) << "buffer elements written twice";
+  EXPECT_EQ(wrong, 0) << "buffer elements (r, d) that stmatrix fills with another accumulator value";
+  EXPECT_EQ(split, 0) << "stmatrix rows that are not 16 contiguous, aligned bytes";
+  EXPECT_EQ(unpaired, 0) << "slot pairs that are not one 32-bit register";
+}
+
+template <class Cfg>
+void check_direct_dq_stores() {
+  static_assert(Cfg::kDirectDq && std::is_same_v<typename Cfg::DqElement, typename Cfg::Element>,
+                "a direct-dQ configuration");
+  using Copy = decltype(make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, typename Cfg::Element>{},
+                                          typename Cfg::MmadQ{}));
+  check_dq_stores<Cfg, Copy>(Cfg::kThreads);
+}
+
+TEST(Sm90Layouts, ColumnPassDirectDqStores) {
+  check_direct_dq_stores<ColPassConfig<cutlass::bfloat16_t, 128, false, true>>();
+  check_direct_dq_stores<ColPassConfig<cutlass::half_t, 128, true, true>>();
 }
 
 // store_dk walks the dK accumulator as (rows, cols) with one row pointer per row: each row must be one key
@@ -74,8 +191,8 @@ void check_dk_rows() {
 }
 
 TEST(Sm90Layouts, DkEpilogueRows) {
-  check_dk_rows<ColPassConfig<cutlass::bfloat16_t, 128, false>>();
-  check_dk_rows<ColPassConfig<cutlass::half_t, 128, true>>();
+  check_dk_rows<ColPassConfig<cutlass::bfloat16_t, 128, false, true>>();
+  check_dk_rows<ColPassConfig<cutlass::half_t, 128, true, false>>();
 }
 
 // ldmatrix of stage s is addressed as stage 0's address + s · kPBytes, each access 16 contiguous bytes.
@@ -107,12 +224,421 @@ void check_stage_offsets() {
 }
 
 TEST(Sm90Layouts, MatrixAccessStages) {
-  using ColRecompute = ColPassConfig<cutlass::bfloat16_t, 128, false>;
-  using ColSavedP = ColPassConfig<cutlass::bfloat16_t, 128, true>;
+  using ColRecompute = ColPassConfig<cutlass::bfloat16_t, 128, false, true>;
+  using ColSavedP = ColPassConfig<cutlass::bfloat16_t, 128, true, false>;
   using Rows = Config<cutlass::bfloat16_t, 128>;
   check_stage_offsets<ColRecompute, typename ColRecompute::MmaS>();
   check_stage_offsets<ColSavedP, typename ColSavedP::MmaS>();
   check_stage_offsets<Rows, typename Rows::MmaS>();
+}
+
+
+// ---- The key-block pass (sm90/kb_*): its consumer warpgroups slice their MMAs and copies by
+// threadIdx.x % 128, so every check below runs over the 128 threads of a warpgroup and both consumers w.
+
+using KbBf16Recompute = KbConfig<cutlass::bfloat16_t, 128, false, true>;
+using KbBf16SavedP = KbConfig<cutlass::bfloat16_t, 128, true, true>;
+using KbFp16SavedP = KbConfig<cutlass::half_t, 128, true, true>;
+using KbBf16RecomputeAccum = KbConfig<cutlass::bfloat16_t, 128, false, false>;  // dQ into the fp32 accumulator
+using KbFp16SavedPAccum = KbConfig<cutlass::half_t, 128, true, false>;
+constexpr int kWarpgroup = 128;
+
+// A fragment laid out like the consumer's 16-bit copy of Sᵀ's accumulator (kb_mainloop.cuh's FragS16),
+// holding at each register the code of its (key of the consumer, row) by MmaSt's partition_C of an identity
+// tensor: retile_D / retile_S views of it give the coordinate that belongs in each slot of a copy.
+template <class Cfg>
+auto st_coords(int tid) {
+  using HF = typename Cfg::HF;
+  using BM = typename Cfg::BM;
+  typename Cfg::MmaSt mma_s;
+  using FragS = decltype(partition_fragment_C(mma_s, Shape<HF, BM>{}));
+  using FragS16 = decltype(make_fragment_like<typename Cfg::Element>(FragS{}));
+  Tensor frag = make_fragment_like<int>(FragS{});
+  static_assert(std::is_same_v<decltype(frag.layout()), decltype(FragS16{}.layout())>);
+  Tensor tScS = mma_s.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<HF, BM>{}));  // → (key, row)
+  static_assert(std::is_same_v<decltype(shape(frag)), decltype(shape(tScS))>);
+  for (int j = 0; j < size(frag); ++j) frag(j) = code(get<0>(tScS(j)), get<1>(tScS(j)));
+  return frag;
+}
+
+// CuTe's own model of a tiled copy: the copy's partition of an identity tensor over the (HF, BM) tile gives
+// each slot's tile coordinate. Register side: those coordinates must be Sᵀ's (`regs`, the retiled codes);
+// shared-memory side: `smem(identity)` checks or records the elements there. Returns mismatches.
+template <class Cfg, bool kLoad, class Thr, class Regs, class Smem>
+int copy_model_mismatches(const Thr& thr, const Regs& regs, Smem&& smem) {
+  Tensor id = make_identity_tensor(Shape<typename Cfg::HF, typename Cfg::BM>{});
+  const auto count = [&](const auto& cR) {
+    int bad = 0;
+    for (int i = 0; i < size(cR); ++i) bad += regs(i) != code(get<0>(cR(i)), get<1>(cR(i)));
+    return bad;
+  };
+  if constexpr (kLoad) {
+    return count(thr.partition_D(id)) + smem(id);
+  } else {
+    return count(thr.partition_S(id)) + smem(id);
+  }
+}
+
+// (1) dPᵀ and Pᵀ by ldmatrix.trans: TMA leaves (row, key) of the step's tile at SmemLayoutP(row, key, stage);
+// consumer w copies with CopyS2R from partition_S of consumer_keys(SmemLayoutPt view (_, _, stage), w) into
+// retile_D of its FragS16. Each register slot must receive (row, 64w + key) for the (key, row) that Sᵀ's
+// partition_C gives the slot: by CuTe's model (the copy's partitions of an identity tensor: partition_S's
+// coordinates hold their (row, key), partition_D's are Sᵀ's) and by ldmatrix.trans's own semantics applied to
+// the lanes' addresses (which also catches rows that are not 16 contiguous bytes, which CuTe's model misses).
+template <class Cfg>
+void check_kb_ldsm_t() {
+  using Element = typename Cfg::Element;
+  using L = typename Cfg::SmemLayoutP;
+  constexpr int kSize = int(cosize_v<L>);
+  static Element buf[kSize] __attribute__((aligned(1024)));
+  std::vector<int> held(kSize, -1);
+  Tensor sP = make_tensor(make_smem_ptr(buf), L{});  // (BM, BN, ST), as TMA writes it
+  for (int s = 0; s < size<2>(sP); ++s) {
+    for (int r = 0; r < Cfg::kBlockM; ++r) {
+      for (int k = 0; k < Cfg::kBlockN; ++k) held[&sP(r, k, s) - buf] = code(r, k, s);
+    }
+  }
+  Tensor sPt = make_tensor(make_smem_ptr(buf), typename Cfg::SmemLayoutPt{});  // (BN, BM, ST)
+  typename Cfg::CopyS2R s2r;
+  const auto expected = [](int slot, int w, int s) {  // slot: code(key, row) → code(row, 64w + key, s)
+    return code(slot & 4095, Cfg::kHalf * w + (slot >> 12), s);
+  };
+  int model = 0, hardware = 0, split = 0, unpaired = 0, slots = 0;
+  for (int w = 0; w < Cfg::kConsumers; ++w) {
+    for (int s = 0; s < size<2>(sPt); ++s) {
+      for (int warp = 0; warp < kWarpgroup / 32; ++warp) {
+        WarpCopy wc;
+        for (int lane = 0; lane < 32; ++lane) {
+          auto thr = s2r.get_thread_slice(warp * 32 + lane);
+          auto frag = st_coords<Cfg>(warp * 32 + lane);
+          add_lane(wc, lane, buf, thr.partition_S(Cfg::consumer_keys(sPt(_, _, s), w)), thr.retile_D(frag));
+          model += copy_model_mismatches<Cfg, true>(thr, thr.retile_D(frag), [&](auto id) {
+            Tensor src = thr.partition_S(Cfg::consumer_keys(sPt(_, _, s), w));
+            Tensor cS = thr.partition_S(id);
+            int bad = 0;
+            for (int i = 0; i < size(src); ++i) {
+              bad += held[&src(i) - buf] != expected(code(get<0>(cS(i)), get<1>(cS(i))), w, s);
+            }
+            return bad;
+          });
+        }
+        for (int g = 0; g < wc.instructions(); ++g) {
+          int addr[32];
+          wc.addresses(g, addr);
+          for (int t = 0; t < 32; ++t) {
+            for (int v = 0; v < 8; ++v, ++slots) {
+              hardware += held[matrix_element(addr, t, v / 2, v % 2, true)] != expected(wc.regs[t][8 * g + v], w, s);
+            }
+          }
+        }
+        split += wc.split;
+        unpaired += wc.unpaired;
+      }
+    }
+  }
+  EXPECT_EQ(slots, Cfg::kConsumers * Cfg::kStages * Cfg::kHalf * Cfg::kBlockM) << "slots loaded";
+  EXPECT_EQ(model, 0) << "CuTe's model: partition_S elements not at their tile coordinate, or partition_D "
+                          "coordinates that are not Sᵀ's";
+  EXPECT_EQ(hardware, 0) << "slots that ldmatrix.trans fills with another (row, key) than Sᵀ's coordinate";
+  EXPECT_EQ(split, 0) << "ldmatrix rows that are not 16 contiguous, aligned bytes";
+  EXPECT_EQ(unpaired, 0) << "slot pairs that are not one 32-bit register";
+}
+
+TEST(Sm90Layouts, KeyBlockTransposedLoads) {
+  check_kb_ldsm_t<KbBf16Recompute>();
+  check_kb_ldsm_t<KbBf16SavedP>();
+  check_kb_ldsm_t<KbFp16SavedP>();
+}
+
+// (2) dSᵀ by stmatrix.trans: consumer w copies with CopyR2S from retile_S of its FragS16 into partition_D of
+// consumer_keys(SmemLayoutdSt2 view (_, _, buffer), w); the dQ product then reads the buffer as SmemLayoutdS2
+// (rows, keys). Each (row, key) of each buffer must be written exactly once, with the value of Sᵀ's
+// coordinate (key − 64w, row) of consumer w: by CuTe's model and by the instruction's semantics.
+template <class Cfg>
+void check_kb_stsm_t() {
+  using Element = typename Cfg::Element;
+  using L = typename Cfg::SmemLayoutdS2;
+  constexpr int kSize = int(cosize_v<L>);
+  static Element buf[kSize] __attribute__((aligned(1024)));
+  std::vector<int> model(kSize, -1), hardware(kSize, -1);
+  Tensor sdSt = make_tensor(make_smem_ptr(buf), typename Cfg::SmemLayoutdSt2{});  // (BN, BM, DB)
+  typename Cfg::CopyR2S r2s;
+  const auto value = [](int slot, int w, int b) { return code(slot & 4095, Cfg::kHalf * w + (slot >> 12), b); };
+  int twice = 0, split = 0, unpaired = 0, model_slots = 0;
+  for (int b = 0; b < Cfg::kBuffers; ++b) {
+    for (int w = 0; w < Cfg::kConsumers; ++w) {
+      for (int warp = 0; warp < kWarpgroup / 32; ++warp) {
+        WarpCopy wc;
+        for (int lane = 0; lane < 32; ++lane) {
+          auto thr = r2s.get_thread_slice(warp * 32 + lane);
+          auto frag = st_coords<Cfg>(warp * 32 + lane);
+          add_lane(wc, lane, buf, thr.partition_D(Cfg::consumer_keys(sdSt(_, _, b), w)), thr.retile_S(frag));
+          model_slots += copy_model_mismatches<Cfg, false>(thr, thr.retile_S(frag), [&](auto id) {
+            Tensor dst = thr.partition_D(Cfg::consumer_keys(sdSt(_, _, b), w));
+            Tensor cD = thr.partition_D(id);
+            for (int i = 0; i < size(dst); ++i) {
+              int& at = model[&dst(i) - buf];
+              twice += at != -1;
+              at = value(code(get<0>(cD(i)), get<1>(cD(i))), w, b);
+            }
+            return 0;
+          });
+        }
+        for (int g = 0; g < wc.instructions(); ++g) {
+          int addr[32];
+          wc.addresses(g, addr);
+          for (int t = 0; t < 32; ++t) {
+            for (int v = 0; v < 8; ++v) {
+              int& at = hardware[matrix_element(addr, t, v / 2, v % 2, true)];
+              twice += at != -1;
+              at = value(wc.regs[t][8 * g + v], w, b);
+            }
+          }
+        }
+        split += wc.split;
+        unpaired += wc.unpaired;
+      }
+    }
+  }
+  Tensor sdS = make_tensor(make_smem_ptr(buf), L{});  // (BM, BN, DB), the dQ product's A operand
+  int model_wrong = 0, hardware_wrong = 0;
+  for (int b = 0; b < Cfg::kBuffers; ++b) {
+    for (int r = 0; r < Cfg::kBlockM; ++r) {
+      for (int k = 0; k < Cfg::kBlockN; ++k) {
+        model_wrong += model[&sdS(r, k, b) - buf] != code(r, k, b);
+        hardware_wrong += hardware[&sdS(r, k, b) - buf] != code(r, k, b);
+      }
+    }
+  }
+  EXPECT_EQ(twice, 0) << "dS elements written twice";
+  EXPECT_EQ(model_slots, 0) << "CuTe's model: partition_S coordinates that are not Sᵀ's";
+  EXPECT_EQ(model_wrong, 0) << "CuTe's model: dS (row, key) whose partition_D element is another coordinate";
+  EXPECT_EQ(hardware_wrong, 0) << "dS (row, key) that stmatrix.trans fills with another coordinate";
+  EXPECT_EQ(split, 0) << "stmatrix rows that are not 16 contiguous, aligned bytes";
+  EXPECT_EQ(unpaired, 0) << "slot pairs that are not one 32-bit register";
+}
+
+TEST(Sm90Layouts, KeyBlockTransposedDsStores) {
+  check_kb_stsm_t<KbBf16Recompute>();
+  check_kb_stsm_t<KbBf16SavedP>();
+  check_kb_stsm_t<KbFp16SavedP>();
+}
+
+// (3) dK += dSᵀ Q from registers: the kernel views FragS16 (dSᵀ, Sᵀ's accumulator layout) through
+// acc_as_operand_a as MmadK's A operand ((2, 2, 2), 1, BM/16). Each (value, k-block) must hold the
+// (key, row) that MmadK's partition_A gives it (M = keys, K = rows), value pairs must be 32-bit registers
+// (as the RS wgmma takes them), and k-block kb of both A and B (Q as (d, rows)) must be rows [16 kb, 16 kb + 16).
+template <class Cfg>
+void check_kb_dst_operand() {
+  using HF = typename Cfg::HF;
+  using BM = typename Cfg::BM;
+  using HD = typename Cfg::HD;
+  typename Cfg::MmadK mma_dk;
+  int wrong = 0, unpaired = 0, kblocks = 0;
+  for (int tid = 0; tid < kWarpgroup; ++tid) {
+    auto frag = st_coords<Cfg>(tid);
+    Tensor tdKrdS = make_tensor(frag.data(), acc_as_operand_a(frag.layout()));  // as the kernel
+    auto thr = mma_dk.get_thread_slice(tid);
+    Tensor tdKcA = thr.partition_A(make_identity_tensor(Shape<HF, BM>{}));  // (MMA, 1, BM/16) → (key, row)
+    Tensor tdKcB = thr.partition_B(make_identity_tensor(Shape<HD, BM>{}));  // (MMA, 1, BM/16) → (d, row)
+    ASSERT_EQ(int(size(tdKrdS)), int(size(tdKcA)));
+    ASSERT_EQ(int(size<0>(tdKrdS)), int(size<0>(tdKcA)));
+    ASSERT_EQ(int(size<2>(tdKrdS)), int(size<2>(tdKcA)));
+    ASSERT_EQ(int(size<2>(tdKcB)), int(size<2>(tdKcA)));
+    for (int kb = 0; kb < size<2>(tdKcA); ++kb) {
+      for (int m = 0; m < size<1>(tdKcA); ++m) {
+        for (int v = 0; v < size<0>(tdKcA); ++v) {
+          const auto c = tdKcA(v, m, kb);
+          wrong += tdKrdS(v, m, kb) != code(get<0>(c), get<1>(c));
+          if (v % 2 == 1) unpaired += &tdKrdS(v, m, kb) != &tdKrdS(v - 1, m, kb) + 1;
+          kblocks += int(get<1>(c)) / 16 != kb;
+        }
+      }
+      for (int n = 0; n < size<1>(tdKcB); ++n) {
+        for (int v = 0; v < size<0>(tdKcB); ++v) kblocks += int(get<1>(tdKcB(v, n, kb))) / 16 != kb;
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0) << "A-operand values whose register holds another (key, row) of dSᵀ";
+  EXPECT_EQ(unpaired, 0) << "A-operand value pairs that are not one 32-bit register";
+  EXPECT_EQ(kblocks, 0) << "A or B values of k-block kb outside rows [16 kb, 16 kb + 16)";
+}
+
+TEST(Sm90Layouts, KeyBlockDsOperand) {
+  check_kb_dst_operand<KbBf16Recompute>();
+  check_kb_dst_operand<KbFp16SavedP>();
+}
+
+// The element-wise step walks Sᵀ's accumulator as (keys, rows) (rowcol) and reads LSE·log2e and D of the row
+// of column ci once for all keys: each column must be one row; and kb_store_dk stores dK pairs (i, i + 1)
+// as two adjacent head dimensions of one key. Both cover their tile exactly once per consumer.
+template <class Cfg>
+void check_kb_rowcol() {
+  using HF = typename Cfg::HF;
+  using BM = typename Cfg::BM;
+  using HD = typename Cfg::HD;
+  typename Cfg::MmaSt mma_s;
+  typename Cfg::MmadK mma_dk;
+  std::vector<int> seen_s(Cfg::kHalf * Cfg::kBlockM, 0), seen_dk(Cfg::kHalf * Cfg::kHeadDim, 0);
+  int mixed = 0, unpaired = 0;
+  for (int tid = 0; tid < kWarpgroup; ++tid) {
+    Tensor tScS = mma_s.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<HF, BM>{}));
+    Tensor rc = make_tensor(tScS.data(), rowcol(tScS.layout()));  // (keys, rows) → (key, row)
+    for (int ci = 0; ci < size<1>(rc); ++ci) {
+      for (int ki = 0; ki < size<0>(rc); ++ki) {
+        const int key = get<0>(rc(ki, ci)), row = get<1>(rc(ki, ci));
+        mixed += row != get<1>(rc(0, ci)) || key != get<0>(rc(ki, 0));
+        ++seen_s[key * Cfg::kBlockM + row];
+      }
+    }
+    Tensor tdKcdK = mma_dk.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<HF, HD>{}));
+    for (int i = 0; i < size(tdKcdK); i += 2) {
+      const int c = get<0>(tdKcdK(i)), d = get<1>(tdKcdK(i));
+      unpaired += get<0>(tdKcdK(i + 1)) != c || get<1>(tdKcdK(i + 1)) != d + 1;
+      ++seen_dk[c * Cfg::kHeadDim + d];
+      ++seen_dk[c * Cfg::kHeadDim + d + 1];
+    }
+  }
+  EXPECT_EQ(mixed, 0) << "Sᵀ (keys, rows) columns that hold more than one row, or rows more than one key";
+  EXPECT_EQ(unpaired, 0) << "dK pairs that are not two adjacent head dimensions of one key";
+  EXPECT_EQ(std::count(seen_s.begin(), seen_s.end(), 1), int(seen_s.size())) << "Sᵀ not covered once";
+  EXPECT_EQ(std::count(seen_dk.begin(), seen_dk.end(), 1), int(seen_dk.size())) << "dK not covered once";
+}
+
+TEST(Sm90Layouts, KeyBlockAccumulatorWalks) {
+  check_kb_rowcol<KbBf16Recompute>();
+  check_kb_rowcol<KbFp16SavedP>();
+}
+
+// (4) dQ by stmatrix: the consumer whose turn a step is rounds its MmadQ accumulator (all of (BM, D)) and
+// stores it with CopydQ into its staging buffer, which the reduce-add's TMA reads as SmemLayoutdQ. CuTe's
+// model must give each register slot the accumulator's coordinate, and stmatrix's own semantics applied to the
+// lanes' addresses must write every (r, d) once with the value (r, d), 16 contiguous, aligned bytes per address.
+template <class Cfg>
+void check_kb_dq_stores() {
+  check_dq_stores<Cfg, typename Cfg::CopydQ>(kWarpgroup);
+}
+
+TEST(Sm90Layouts, KeyBlockDqStores) {
+  check_kb_dq_stores<KbBf16Recompute>();
+  check_kb_dq_stores<KbFp16SavedP>();
+  // Into the fp32 accumulator: pairs at dq_offset, as the column pass stores them, by the one consumer.
+  check_dq_offsets<KbBf16RecomputeAccum>(kWarpgroup);
+  check_dq_offsets<KbFp16SavedPAccum>(kWarpgroup);
+}
+
+// (5) K_w as Sᵀ's register A operand: CopyKA (ldmatrix) from consumer w's (HF, D) part of K, as TMA wrote it,
+// into MmaSt's partition_fragment_A. Each register slot must receive K(64w + key, d) for the (key, d) that
+// MmaSt's partition_A gives the slot, by CuTe's model and by ldmatrix's own semantics; value pairs must be
+// 32-bit registers.
+template <class Cfg>
+void check_kb_k_operand() {
+  using Element = typename Cfg::Element;
+  using HF = typename Cfg::HF;
+  using HD = typename Cfg::HD;
+  using L = typename Cfg::SmemLayoutK;
+  static Element buf[cosize_v<L>] __attribute__((aligned(1024)));
+  std::vector<int> held(cosize_v<L>, -1);
+  Tensor sK = make_tensor(make_smem_ptr(buf), L{});  // (BN, D), as TMA writes it
+  for (int k = 0; k < Cfg::kBlockN; ++k) {
+    for (int d = 0; d < Cfg::kHeadDim; ++d) held[&sK(k, d) - buf] = code(k, d);
+  }
+  typename Cfg::MmaSt mma_s;
+  typename Cfg::CopyKA s2r;
+  int model = 0, hardware = 0, split = 0, unpaired = 0, slots = 0;
+  for (int w = 0; w < Cfg::kConsumers; ++w) {
+    Tensor sKw = local_tile(sK, Shape<HF, HD>{}, make_coord(w, 0));  // (HF, D), as the kernel
+    for (int warp = 0; warp < kWarpgroup / 32; ++warp) {
+      WarpCopy wc;
+      for (int lane = 0; lane < 32; ++lane) {
+        const int tid = warp * 32 + lane;
+        Tensor tScA = mma_s.get_thread_slice(tid).partition_A(make_identity_tensor(Shape<HF, HD>{}));  // → (key, d)
+        Tensor codes = make_fragment_like<int>(mma_s.get_thread_slice(tid).partition_fragment_A(sKw).layout());
+        ASSERT_EQ(int(size(codes)), int(size(tScA)));
+        for (int i = 0; i < size(codes); ++i) codes(i) = code(Cfg::kHalf * w + get<0>(tScA(i)), get<1>(tScA(i)));
+        auto thr = s2r.get_thread_slice(tid);
+        Tensor src = thr.partition_S(sKw);
+        Tensor dst = thr.retile_D(codes);
+        add_lane(wc, lane, buf, src, dst);
+        Tensor cD = thr.partition_D(make_identity_tensor(Shape<HF, HD>{}));  // CuTe's coordinate of each slot
+        for (int i = 0; i < size(dst); ++i) model += dst(i) != code(Cfg::kHalf * w + get<0>(cD(i)), get<1>(cD(i)));
+      }
+      for (int g = 0; g < wc.instructions(); ++g) {
+        int addr[32];
+        wc.addresses(g, addr);
+        for (int t = 0; t < 32; ++t) {
+          for (int v = 0; v < 8; ++v, ++slots) {
+            hardware += held[matrix_element(addr, t, v / 2, v % 2, false)] != wc.regs[t][8 * g + v];
+          }
+        }
+      }
+      split += wc.split;
+      unpaired += wc.unpaired;
+    }
+  }
+  EXPECT_EQ(slots, Cfg::kConsumers * Cfg::kHalf * Cfg::kHeadDim) << "slots loaded";
+  EXPECT_EQ(model, 0) << "CuTe's model: register slots given another (key, d) of K than MmaSt's A coordinate";
+  EXPECT_EQ(hardware, 0) << "register slots that ldmatrix fills with another (key, d) than MmaSt's A coordinate";
+  EXPECT_EQ(split, 0) << "ldmatrix rows that are not 16 contiguous, aligned bytes";
+  EXPECT_EQ(unpaired, 0) << "slot pairs that are not one 32-bit register";
+}
+
+TEST(Sm90Layouts, KeyBlockKOperand) {
+  check_kb_k_operand<KbBf16Recompute>();
+  check_kb_k_operand<KbFp16SavedP>();
+}
+
+// (6) The shared-memory arithmetic the key-block pass does by hand: the dQ buffers follow one another (the
+// dQ warp and the consumers each take buffer b as dq[b]) and the rows slots as rows[0] + stage · sizeof(rows[0]) + 8 r (ld.shared.v2:
+// 8-byte aligned); the swizzled tiles start on 1024-byte boundaries; the stage pipeline expects kStageBytes
+// per stage and K's barrier kKBytes: the bytes of the TMA boxes (whole boxes, also where cut by Sq or Sk).
+template <class Cfg>
+void check_kb_storage() {
+  using St = typename Cfg::Storage;
+  using Element = typename Cfg::Element;
+  alignas(St) static unsigned char raw[sizeof(St)];  // (Storage has no constructor: only its addresses are used)
+  St& st = *reinterpret_cast<St*>(raw);
+  const auto off = [&](const void* p) {
+    return int(reinterpret_cast<const char*>(p) - reinterpret_cast<const char*>(&st));
+  };
+  EXPECT_EQ(alignof(St) % 1024, 0u);
+  for (const void* tile : {static_cast<const void*>(st.q.data()), static_cast<const void*>(st.k.data()),
+                           static_cast<const void*>(st.dp.data()), static_cast<const void*>(st.p.data()),
+                           static_cast<const void*>(st.ds.data()), static_cast<const void*>(st.dq[0].data()),
+                           static_cast<const void*>(st.dq[1].data())}) {
+    EXPECT_EQ(off(tile) % 1024, 0) << "a swizzled tile off a 1024-byte boundary";
+  }
+  for (int b = 0; b < Cfg::kBuffers; ++b) {
+    EXPECT_EQ(off(st.dq[b].data()), off(st.dq[0].data()) + b * int(sizeof(st.dq[0])));
+  }
+  for (int s = 0; s < Cfg::kStages; ++s) {
+    for (int r = 0; r < Cfg::kBlockM; ++r) {
+      const int at = off(&st.rows[0][0]) + s * int(sizeof(st.rows[0])) + r * int(sizeof(float2));
+      EXPECT_EQ(off(&st.rows[s][r]), at);
+      EXPECT_EQ(at % 8, 0);
+    }
+  }
+  using QBox = decltype(typename Cfg::SmemLayoutQ{}(_, _, 0));
+  using PBox = decltype(typename Cfg::SmemLayoutP{}(_, _, 0));
+  constexpr int kQBox = int(size(QBox{})) * int(sizeof(Element));
+  constexpr int kPBox = int(size(PBox{})) * int(sizeof(Element));
+  EXPECT_EQ(kQBox, Cfg::kBlockM * Cfg::kHeadDim * int(sizeof(Element)));
+  EXPECT_EQ(kPBox, Cfg::kBlockM * Cfg::kBlockN * int(sizeof(Element)));
+  EXPECT_EQ(int(Cfg::kStageBytes), kQBox + kPBox * (Cfg::kSavedP ? 2 : 1)) << "stage transaction bytes";
+  EXPECT_EQ(int(Cfg::kKBytes), int(size(typename Cfg::SmemLayoutK{})) * int(sizeof(Element))) << "K bytes";
+  // Every stage's tiles inside their arrays (the stage modes of the layouts are whole tiles apart).
+  EXPECT_EQ(int(cosize_v<typename Cfg::SmemLayoutQ>), Cfg::kStages * kQBox / int(sizeof(Element)));
+  EXPECT_EQ(int(cosize_v<typename Cfg::SmemLayoutP>), Cfg::kStages * kPBox / int(sizeof(Element)));
+  EXPECT_EQ(int(sizeof(st.dq[0])), Cfg::kBlockM * Cfg::kHeadDim * int(sizeof(typename Cfg::DqElement)));
+  EXPECT_LE(Cfg::kSmemBytes, 227 * 1024);
+}
+
+TEST(Sm90Layouts, KeyBlockStorage) {
+  check_kb_storage<KbBf16Recompute>();
+  check_kb_storage<KbBf16SavedP>();
+  check_kb_storage<KbFp16SavedP>();
+  check_kb_storage<KbBf16RecomputeAccum>();
+  check_kb_storage<KbFp16SavedPAccum>();
 }
 
 }  // namespace

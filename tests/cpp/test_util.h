@@ -179,6 +179,9 @@ struct Case {
   Layout layout = Layout::kContiguous;
   std::optional<double> scale = std::nullopt;
   bool deterministic = false;
+  std::optional<Layout> out_layout = std::nullopt;  // the outputs' layout where it differs from the inputs'
+
+  Layout output_layout() const { return out_layout.value_or(layout); }
 
   std::vector<int64_t> q_shape() const { return {B, Hq, Sq, D}; }
   std::vector<int64_t> k_shape() const { return {B, Hk, Sk, D}; }
@@ -202,6 +205,7 @@ inline std::string case_name(const Case& c) {
                      std::to_string(c.D) + "_" + layout_name(c.layout);
   if (c.scale) name += "_scale" + std::to_string(int(*c.scale * 1000));
   if (c.deterministic) name += "_deterministic";
+  if (c.out_layout) name += std::string("_out_") + layout_name(*c.out_layout);
   return name;
 }
 

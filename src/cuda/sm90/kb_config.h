@@ -1,0 +1,207 @@
+// The configuration of the key-block pass (docs/DESIGN.md, "Shared memory, the step's own bound"), one per
+// (dtype, head dimension, mode), read by the host (descriptors, shared-memory size) and the kernel. It takes
+// the column pass's place (sm90_colpass.cuh) after the row statistics where dQ is added straight into dQ.
+//
+// A CTA owns a block of 128 keys of a (batch, key head); the row blocks of 64 rows of every query head of the
+// group stream through. Per CTA:
+//   warpgroup 0    producer: warp 0 (one thread) issues the TMA loads (K once; Q, dP[, P] per step into the
+//                  stage pipeline); warp 1 copies the step's rows' LSE·log2e and D into the rows pipeline;
+//                  warp 2 (one thread) reduce-adds each step's 16-bit dQ partial into dQ by TMA;
+//   warpgroups 1-2 consumers, 64 keys each: Sᵀ = K_w Qᵀ with K_w from registers (RS, keys on the wgmma's M),
+//                  dSᵀ = Pᵀ ∘ (dPᵀ − D) in registers, dK += dSᵀ Q from those registers (RS), dS into shared
+//                  memory; the dQ partial = dS K over the CTA's 128 keys (SS, N = D) by one consumer per step,
+//                  the two taking turns, scaled and rounded into its staging buffer. Per step they move ~208 KB
+//                  through shared memory where the column pass moves 304 KB.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include <type_traits>
+// (after cute/tensor.hpp, which they need)
+#include <cute/arch/copy_sm90.hpp>
+#include <cute/atom/copy_traits_sm90_tma.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "cuda/generic_config.h"
+#include "cuda/sm90_config.h"
+#include "cuda/sm90_step.cuh"
+#include "problem.h"
+
+namespace qksoftmax::cuda::sm90 {
+
+using namespace cute;
+
+// kDirectDq: each step's dQ partial is scaled, rounded to 16 bits and added into dQ itself (rows of up to
+// kSm90DirectDqMaxSk keys); otherwise added in fp32 into the accumulator that convert_dq_kernel scales.
+template <class Element_, int kHeadDim_, bool kSavedP_, bool kDirectDq_>
+struct KbConfig : StepTiles<Element_, kHeadDim_, kSavedP_, kSavedP_ ? 2 : 3> {
+  using Base = StepTiles<Element_, kHeadDim_, kSavedP_, kSavedP_ ? 2 : 3>;
+  using Element = Element_;
+  using typename Base::BM;
+  using typename Base::BN;
+  using typename Base::HD;
+  using typename Base::ST;
+  static constexpr DType kDType = ElementTraits<Element>::kDType;
+  static constexpr int kBlockM = Base::kBlockM;
+  static constexpr int kBlockN = Base::kBlockN;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kSavedP = kSavedP_;
+  static constexpr bool kDirectDq = kDirectDq_;
+  using DqElement = std::conditional_t<kDirectDq, Element, float>;  // what a dQ partial is added as
+  // (Q, dP[, P]) stages: three of 32 KB in recompute, two of 48 KB in saved-P.
+  static constexpr int kStages = Base::kStages;
+
+  static constexpr int kConsumers = 2;
+  static constexpr int kHalf = kBlockN / kConsumers;  // keys (Sᵀ, dK) of a consumer
+  static constexpr int kWarpgroupThreads = 128;
+  static constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);
+  static constexpr int kConsumerThreads = kWarpgroupThreads * kConsumers;
+  // The producer warpgroup's warps.
+  static constexpr int kLoadWarp = 0;
+  static constexpr int kRowsWarp = 1;
+  static constexpr int kDqWarp = 2;
+  // Registers per thread by role (setmaxnreg): a consumer holds dK (64), K_w as Sᵀ's A operand (32), Sᵀ (32), the
+  // dQ partial of its turn (64, in flight into the next step), dS as the dK product's operand (16) and dP (16).
+  // setmaxnreg moves registers between
+  // the warpgroups of the launch allocation (the 64 K register file over kThreads, rounded down to a multiple
+  // of 8): asking for more than it holds would leave the consumers waiting.
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  static constexpr int kLaunchRegs = 64 * 1024 / kThreads / 8 * 8;
+  static_assert(kWarpgroupThreads * (kProducerRegs + kConsumers * kConsumerRegs) <= kThreads * kLaunchRegs,
+                "the launch allocation holds the roles");
+  // Named barriers (CUTLASS numbers them after its reserved ones), by step parity p: the other consumer's dS of
+  // a step written (the consumer whose turn it is syncs, the other arrives); a dQ staging buffer written by the
+  // consumer of its turn (full) and read by the reduce-add (empty).
+  static constexpr uint32_t kDsBarrier = 0;       // + parity
+  static constexpr uint32_t kDqFullBarrier = 2;   // + buffer
+  static constexpr uint32_t kDqEmptyBarrier = 4;  // + buffer
+  static constexpr int kDqBarrierThreads = kWarpgroupThreads + 32;  // one consumer and the dQ warp
+  // dS and the dQ staging are double-buffered by step parity; the dQ product of step t is consumer t mod 2's, and
+  // so is staging buffer t mod 2. A consumer writes dS buffer t mod 2 in step t once the dQ product of step
+  // t − 2 (its last reader, consumer t mod 2's) is complete: consumer t mod 2 waited for it itself in step
+  // t − 1; the other passed the dS barrier of step t − 1, which consumer t mod 2 arrives at after that wait.
+  static constexpr int kBuffers = 2;
+
+  using HF = Int<kHalf>;
+  using DB = Int<kBuffers>;
+
+  // dP and P as (keys, rows, stage): the transposed view of the (rows, keys) tiles that TMA writes, read by
+  // ldmatrix.trans into Sᵀ's accumulator layout.
+  using SmemLayoutPt = decltype(composition(
+      typename Base::SmemLayoutP{}, make_layout(Shape<BN, BM, ST>{}, Stride<BM, _1, Int<kBlockM * kBlockN>>{})));
+  // dS, (rows, keys, buffer), K-major: the dQ product's A operand; written through its transposed view
+  // (keys, rows, buffer) by stmatrix.trans from dSᵀ's accumulator layout.
+  using SmemLayoutdS2 = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<BM, BN, DB>{}));
+  using SmemLayoutdSt2 = decltype(composition(
+      SmemLayoutdS2{}, make_layout(Shape<BN, BM, DB>{}, Stride<BM, _1, Int<kBlockM * kBlockN>>{})));
+  // dQ partials, 128-byte swizzled (rows 8 apart in different banks) as TMA reads them.
+  using SmemLayoutdQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<DqElement>{}, Shape<BM, HD>{}));  // (rows, d)
+
+  // Sᵀ = K_w Qᵀ: M = a consumer's 64 keys, N = 64 rows, K = D; A = K_w from registers (loaded once by
+  // ldmatrix, CopyKA), B = Q K-major.
+  using MmaSt = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<HF, BM, HD>, GMMA::Major::K, GMMA::Major::K>()));
+  using CopyKA = decltype(make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, MmaSt{}));
+  // dK += dSᵀ Q: A = dSᵀ from registers (Sᵀ's accumulator layout), B = Q as (D, rows), MN-major.
+  using MmadK = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<HF, HD, BM>, GMMA::Major::K, GMMA::Major::MN>()));
+  // dQ = dS K over the CTA's 128 keys and all of D, by one consumer: dS K-major, K as (D, keys) MN-major.
+  using MmadQ = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<BM, HD, BN>, GMMA::Major::K, GMMA::Major::MN>()));
+  // The dQ partial, rounded, into its staging buffer by stmatrix (kDirectDq).
+  using CopydQ = decltype(make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, MmadQ{}));
+
+  // dPᵀ, Pᵀ into Sᵀ's accumulator layout (ldmatrix.trans) and dSᵀ out of it (stmatrix.trans), through the
+  // transposed views above (kb_mainloop.cuh; tests/cpp/test_sm90_layouts.cu checks them by value).
+  using CopyS2R = decltype(make_tiled_copy_C(Copy_Atom<SM75_U16x8_LDSM_T, Element>{}, MmaSt{}));
+  using CopyR2S = decltype(make_tiled_copy_C(Copy_Atom<SM90_U16x8_STSM_T, Element>{}, MmaSt{}));
+  // Consumer w's (HF, BM) part, its keys, of a (BN, BM) transposed view's stage or buffer.
+  template <class Tile>
+  CUTE_HOST_DEVICE static auto consumer_keys(Tile&& tile, int w) {
+    return local_tile(static_cast<Tile&&>(tile), Shape<HF, BM>{}, make_coord(w, 0));
+  }
+
+  // What the partials are reduce-added into, (rows, d, head, batch): dQ or the fp32 accumulator.
+  using TmadQ = decltype(make_tma_copy(
+      SM90_TMA_REDUCE_ADD{},
+      make_tensor(make_gmem_ptr(static_cast<DqElement*>(nullptr)), Shape<int32_t, HD, int32_t, int32_t>{},
+                  Stride<int64_t, _1, int64_t, int64_t>{}),
+      SmemLayoutdQ{}));
+
+  using StagePipeline = cutlass::PipelineTmaAsync<kStages>;
+  using RowsPipeline = cutlass::PipelineAsync<kStages>;  // a step's LSE·log2e and D, beside its stage
+  using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+
+  static constexpr uint32_t kStageBytes = Base::kStageBytes;
+  static constexpr uint32_t kKBytes = Base::kKBytes;
+  static constexpr uint32_t kPBytes = Base::kPBytes;
+
+  // Each tile starts on a 1024-byte boundary, the period of the 128-byte swizzle.
+  struct Storage {
+    alignas(1024) cute::array<Element, cosize_v<typename Base::SmemLayoutQ>> q;
+    alignas(1024) cute::array<Element, cosize_v<typename Base::SmemLayoutK>> k;
+    alignas(1024) cute::array<Element, cosize_v<typename Base::SmemLayoutP>> dp;
+    alignas(1024) cute::array<Element, kSavedP ? cosize_v<typename Base::SmemLayoutP> : 1> p;
+    alignas(1024) cute::array<Element, cosize_v<SmemLayoutdS2>> ds;
+    alignas(1024) cute::array<DqElement, cosize_v<SmemLayoutdQ>> dq[kBuffers];
+    // (LSE·log2e, D) of each row of a step (LSE 0 in saved-P, both 0 past Sq), by stage.
+    alignas(16) float2 rows[kStages][kBlockM];
+    typename StagePipeline::SharedStorage stage_pipe;
+    typename RowsPipeline::SharedStorage rows_pipe;
+    alignas(8) uint64_t k_full;
+  };
+  static constexpr int kSmemBytes = int(sizeof(Storage));
+  static_assert(kSmemBytes <= 227 * 1024, "the key-block pass's shared memory exceeds a CTA's 227 KB");
+
+  // Element offset of (row, d) in an fp32 dQ buffer, the swizzle in element units (SmemLayoutdQ's own swizzle
+  // acts on byte addresses: applied to an element index it would move the wrong bits).
+  CUTE_HOST_DEVICE static int dq_offset(int row, int d) {
+    return as_position_independent_swizzle_layout(SmemLayoutdQ{})(row, d);
+  }
+
+  // The key-block pass's parameters (those of the column pass it replaces).
+  struct Params {
+    Problem prob;
+    typename Base::Loads tma;
+    TmadQ tma_dq;
+    generic::RowVec lse;    // recompute: log-sum-exp of each row
+    generic::RowVec delta;  // D of each row
+  };
+};
+
+// The key block of a CTA and its steps.
+template <class Cfg>
+struct KbWork {
+  int64_t b, kv_head, n0, group;
+  int first_row_block, row_blocks, steps;
+
+  __device__ explicit KbWork(const Problem& prob) {
+    const int64_t col_blocks = (prob.Sk + Cfg::kBlockN - 1) / Cfg::kBlockN;
+    const generic::TileCoord tile = generic::tile_coord(col_blocks, prob.Hk);
+    b = tile.b;
+    kv_head = tile.h;
+    n0 = tile.tile * Cfg::kBlockN;
+    group = prob.group();
+    row_blocks = int((prob.Sq + Cfg::kBlockM - 1) / Cfg::kBlockM);
+    // Causal: the row blocks above this key block see none of it.
+    first_row_block = min(prob.keys().causal ? int(n0 / Cfg::kBlockM) : 0, row_blocks);
+    steps = (row_blocks - first_row_block) * int(group);  // fits 32 bits (checked at the launch)
+  }
+  __device__ StepCursor first() const { return {kv_head * group, first_row_block}; }
+  __device__ void advance(StepCursor& at) const { at.advance(first_row_block, row_blocks); }
+};
+
+// A wgmma accumulator of 16-bit values ((2, 2, N/8), M, N') viewed as the A operand of an RS wgmma over K = N:
+// ((2, 2, 2), M, N/16) (FlashAttention-3's convert_layout_acc_Aregs).
+template <class Layout>
+CUTE_HOST_DEVICE constexpr auto acc_as_operand_a(const Layout& acc) {
+  static_assert(decltype(rank<0>(acc))::value == 3, "an SM90 accumulator");
+  const auto l = logical_divide(get<0, 2>(acc), Tile<_2>{});  // ((2, N/16))
+  return make_layout(make_layout(get<0, 0>(acc), get<0, 1>(acc), get<0, 0>(l)), get<1>(acc),
+                     coalesce(make_layout(get<0, 1>(l), get<2>(acc))));
+}
+
+}  // namespace qksoftmax::cuda::sm90

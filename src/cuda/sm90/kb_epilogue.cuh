@@ -1,0 +1,71 @@
+// The epilogues of the key-block pass: each step's dQ partial (64 rows × D, from the consumer whose turn the
+// step was) reduce-added by one TMA from the step's staging buffer into dQ (16 bits, scaled) or the fp32
+// accumulator (the dQ warp: not deterministic, the adds of different CTAs land in any order); dK stored by the
+// consumers from their accumulators at the end.
+#pragma once
+
+#include <cutlass/arch/barrier.h>
+
+#include "cuda/sm90/kb_config.h"
+
+namespace qksoftmax::cuda::sm90 {
+
+// The dQ warp: per step, once the consumer of its turn has written buffer t mod 2 (its full barrier), one thread
+// reduce-adds it; the buffer is handed back (its empty barrier) once the reduce-add has read it, awaited a step
+// later so that the two buffers' reduce-adds overlap the consumers' work. Only the arrivals a later step waits
+// for are made: a named barrier must not be left with arrivals at the kernel's end.
+template <class Cfg>
+struct KbDqWriter {
+  using BM = typename Cfg::BM;
+  using HD = typename Cfg::HD;
+  const typename Cfg::Params& params;
+  typename Cfg::Storage& st;
+
+  __device__ void run(const KbWork<Cfg>& work, int lane) {
+    const Problem& prob = params.prob;
+    constexpr int kBuffers = Cfg::kBuffers;
+    Tensor mdQ = params.tma_dq.get_tma_tensor(make_shape(int32_t(prob.Sq), HD{}, int32_t(prob.Hq), int32_t(prob.B)));
+    StepCursor at = work.first();
+    for (int t = 0; t < work.steps; ++t) {
+      const int buf = t % kBuffers;
+      const int64_t h = at.head;
+      const int mb = at.block;
+      work.advance(at);
+      cutlass::arch::NamedBarrier::sync(Cfg::kDqBarrierThreads, Cfg::kDqFullBarrier + buf);
+      if (lane == 0) {
+        Tensor sdQ = make_tensor(make_smem_ptr(st.dq[buf].data()), typename Cfg::SmemLayoutdQ{});  // (BM, D)
+        Tensor gdQ = local_tile(mdQ(_, _, h, work.b), Shape<BM, HD>{}, make_coord(mb, 0));           // (BM, D)
+        auto [tRgdQ, tRsdQ] = tma_partition(params.tma_dq, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdQ),
+                                            group_modes<0, 2>(gdQ));
+        copy(params.tma_dq, tRsdQ, tRgdQ);
+        tma_store_arrive();
+        tma_store_wait<1>();  // the reduce-add of step t − 1 has read its buffer
+      }
+      __syncwarp();
+      if (t >= 1 && t + 1 < work.steps) {  // step t + 1 writes the buffer of step t − 1
+        cutlass::arch::NamedBarrier::arrive(Cfg::kDqBarrierThreads, Cfg::kDqEmptyBarrier + (t - 1) % kBuffers);
+      }
+    }
+    if (lane == 0) tma_store_wait<0>();  // the reduce-adds read shared memory until they complete
+  }
+};
+
+// dK = scale · the accumulator of consumer w, at its keys below Sk (zeros for a block without steps); on the
+// GPU the last dimension has stride 1 (validate.cpp).
+template <class Cfg, class Acc, class Coord>
+__device__ void kb_store_dk(const typename Cfg::Params& params, int w, const Acc& tdKrdK, const Coord& tdKcdK,
+                            const KbWork<Cfg>& work) {
+  using Element = typename Cfg::Element;
+  const Problem& prob = params.prob;
+  const Operand dk_op = prob.dk;
+  const bool vector = aligned_rows<Element>(dk_op, 2);
+  const int64_t key0 = work.n0 + int64_t(w) * Cfg::kHalf;
+  Element* dk = static_cast<Element*>(dk_op.ptr) + dk_op.offset(work.b, work.kv_head, key0, 0);
+  CUTE_UNROLL
+  for (int i = 0; i < size(tdKrdK); i += 2) {  // an accumulator holds pairs of adjacent columns
+    const int c = get<0>(tdKcdK(i)), d = get<1>(tdKcdK(i));
+    if (key0 + c < prob.Sk) store_scaled(dk + c * dk_op.sr + d, tdKrdK(i), tdKrdK(i + 1), prob.scale, vector);
+  }
+}
+
+}  // namespace qksoftmax::cuda::sm90

@@ -83,6 +83,22 @@ Status run_problem(const Problem& problem, void* workspace, CUstream_st* stream)
   return cuda::run(problem, workspace, stream);
 }
 
+// forward and backward hold the workspace to what the size query returns for the same arguments, though the
+// kernel that runs may need less (a plan's workspace_bytes): whether a call is accepted must not depend on
+// where its tensors happen to live.
+template <class Args>
+Status run_once(const Args& args, const Options& options, void* workspace, size_t workspace_bytes,
+                CUstream_st* stream) {
+  return guarded([&]() -> Status {
+    std::unique_ptr<const Plan::State> state;
+    if (Status s = make_plan(args, options, &state); !s.ok()) return s;
+    if (Status s = check_workspace(workspace, workspace_bytes, required_workspace(state->problem)); !s.ok()) {
+      return s;
+    }
+    return run_problem(state->problem, workspace, stream);
+  });
+}
+
 }  // namespace
 
 Plan::Plan() noexcept = default;
@@ -118,9 +134,7 @@ Status forward_workspace_size(const ForwardArgs& args, const Options& options, s
 
 Status forward(const ForwardArgs& args, const Options& options, void* workspace, size_t workspace_bytes,
                CUstream_st* stream) {
-  Plan plan;
-  if (Status s = plan_forward(args, options, &plan); !s.ok()) return s;
-  return plan.run(workspace, workspace_bytes, stream);
+  return run_once(args, options, workspace, workspace_bytes, stream);
 }
 
 Status backward_workspace_size(const BackwardArgs& args, const Options& options, size_t* bytes) {
@@ -129,9 +143,7 @@ Status backward_workspace_size(const BackwardArgs& args, const Options& options,
 
 Status backward(const BackwardArgs& args, const Options& options, void* workspace, size_t workspace_bytes,
                 CUstream_st* stream) {
-  Plan plan;
-  if (Status s = plan_backward(args, options, &plan); !s.ok()) return s;
-  return plan.run(workspace, workspace_bytes, stream);
+  return run_once(args, options, workspace, workspace_bytes, stream);
 }
 
 const char* version() { return QKSOFTMAX_VERSION; }

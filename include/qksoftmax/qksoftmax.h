@@ -118,8 +118,8 @@ class Plan {
   int device_index() const;  // the CUDA device ordinal the call runs on; -1 on the CPU
 
   // Launches the call (Device::kCUDA: asynchronously on `stream`, a stream of the plan's device or null for
-  // that device's default stream; Device::kCPU: synchronously, the stream ignored). The workspace is checked
-  // as forward and backward check it.
+  // that device's default stream; Device::kCPU: synchronously, the stream ignored). The workspace must be
+  // aligned and at least workspace_bytes() large.
   Status run(void* workspace, size_t workspace_bytes, CUstream_st* stream) const;
 
   struct State;  // opaque: the validated call
@@ -136,12 +136,13 @@ Status plan_forward(const ForwardArgs& args, const Options& options, Plan* plan)
 Status plan_backward(const BackwardArgs& args, const Options& options, Plan* plan);
 
 Status forward_workspace_size(const ForwardArgs& args, const Options& options, size_t* bytes);
-// plan_forward, then run.
+// plan_forward, then run; the workspace must be as large as forward_workspace_size says (not only as
+// the plan's workspace_bytes), so that whether a call is accepted does not depend on where its tensors live.
 Status forward(const ForwardArgs& args, const Options& options, void* workspace, size_t workspace_bytes,
                CUstream_st* stream);
 
 Status backward_workspace_size(const BackwardArgs& args, const Options& options, size_t* bytes);
-// plan_backward, then run.
+// plan_backward, then run; the workspace as large as backward_workspace_size says, as for forward.
 Status backward(const BackwardArgs& args, const Options& options, void* workspace,
                 size_t workspace_bytes, CUstream_st* stream);
 

@@ -53,7 +53,7 @@ struct Ceilings {
   double write_GBps = 0;   // bytes written per second of a device memset (reported: the forward mostly writes)
   double l2_read_GBps = 0;    // reads of an L2-resident buffer (reported: what the two-pass kernels re-read)
   double l2_reduce_GBps = 0;  // per-thread fp32 vector reduce-adds into an L2-resident buffer, bytes added (reported;
-                              // the column pass adds dQ by TMA bulk reduce instead)
+                              // the key-block pass adds dQ by TMA bulk reduce instead)
   double bf16_TFLOPs = 0;  // cuBLAS 8192³ GEMM rates, in 1e12 flop/s
   double fp16_TFLOPs = 0;
   double tf32_TFLOPs = 0;  // fp32 data, TF32 tensor cores allowed: the rate SOL uses for fp32

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What adding dQ as 16-bit partials costs in accuracy (docs/DESIGN.md, the two-pass backward's direct dQ).
 
-The column pass computes one dQ partial per 128-key column block. Added straight into a 16-bit dQ, each partial
+The key-block pass computes one dQ partial per 128-key block. Added straight into a 16-bit dQ, each partial
 is rounded to 16 bits and every sum is rounded again (TMA reduce-add in L2, in whatever order the CTAs finish).
 This measures, in fp64 on the CPU, the relative Frobenius error ‖out − ref‖ / ‖ref‖ (the contract's measure)
 of three ways of forming dQ from exact partials, for a causal row of S keys with N(0, 1) Q, K and dP:

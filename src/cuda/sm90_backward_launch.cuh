@@ -1,5 +1,5 @@
-// Host side of the Hopper backward: TMA descriptors, row statistics, column pass, and where dQ is added through
-// the fp32 accumulator its scaling.
+// Host side of the Hopper two-pass backward: TMA descriptors, row statistics, key-block pass (sm90/kb_launch.cuh),
+// and where dQ is added through the fp32 accumulator its scaling.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,7 +9,7 @@
 #include <tuple>
 
 #include "cuda/generic_launch.cuh"
-#include "cuda/sm90_colpass.cuh"
+#include "cuda/sm90_convert.cuh"
 #include "cuda/sm90_instances.h"
 #include "cuda/sm90_rowstats.cuh"
 
@@ -42,7 +42,7 @@ auto backward_views(const Problem& prob) {
                                            prob.B));
 }
 
-// The TMA descriptors of the column pass's step inputs.
+// The TMA descriptors of the key-block pass's step inputs.
 template <class Tiles>
 typename Tiles::Loads step_loads(const Problem& prob) {
   using namespace cute;
@@ -55,7 +55,7 @@ typename Tiles::Loads step_loads(const Problem& prob) {
 
 }  // namespace sm90
 
-// What the column pass adds its dQ partials into, as DqTarget (byte strides) for the row statistics to clear:
+// What the key-block pass adds its dQ partials into, as DqTarget (byte strides) for the row statistics to clear:
 // dQ itself (direct) or the fp32 accumulator, (B, Hq, Sq, D), contiguous.
 template <class Element>
 sm90::DqTarget dq_target(const Problem& prob, bool direct, float* dq_accum) {
@@ -66,25 +66,6 @@ sm90::DqTarget dq_target(const Problem& prob, bool direct, float* dq_accum) {
   }
   const int64_t row = prob.D * int64_t(sizeof(float));
   return {reinterpret_cast<char*>(dq_accum), prob.Hq * prob.Sq * row, prob.Sq * row, row, int(row / kVector)};
-}
-
-template <class ColCfg>
-Status run_sm90_colpass(const Problem& prob, const generic::Params& rows, const sm90::DqTarget& target,
-                        CUstream_st* stream) {
-  using namespace cute;
-  using DqElement = typename ColCfg::DqElement;
-  constexpr const char* kName = "sm90 column pass";
-  constexpr int64_t e = sizeof(DqElement);
-  const auto into = make_tensor(make_gmem_ptr(reinterpret_cast<DqElement*>(target.ptr)),
-                                make_shape(int32_t(prob.Sq), typename ColCfg::HD{}, int32_t(prob.Hq), int32_t(prob.B)),
-                                make_stride(target.sr / e, _1{}, target.sh / e, target.sb / e));
-  const typename ColCfg::Params params{
-      prob, sm90::step_loads<ColCfg>(prob),
-      make_tma_copy(SM90_TMA_REDUCE_ADD{}, into, typename ColCfg::SmemLayoutdQ{}), rows.lse, rows.delta};
-  const int64_t steps = (prob.Sq + ColCfg::kBlockM - 1) / ColCfg::kBlockM * prob.group();
-  if (steps > INT_MAX) return {Code::kUnsupported, std::string(kName) + ": more than 2^31 - 1 row blocks per head"};
-  const int64_t col_tiles = (prob.Sk + ColCfg::kBlockN - 1) / ColCfg::kBlockN * prob.B * prob.Hk;
-  return launch<ColCfg>(sm90::colpass_kernel<ColCfg>, kName, col_tiles, params, stream);
 }
 
 template <class Cfg>

@@ -103,8 +103,8 @@ __device__ inline void with_mask(bool masked, F&& f) {
 CUTE_HOST_DEVICE int64_t dq_accum_offset(const Problem& prob, int64_t b, int64_t h, int64_t r) {
   return ((b * prob.Hq + h) * prob.Sq + r) * prob.D;
 }
-// The rows of dQ that the row statistics clear for the column pass to add into: the fp32 accumulator, or dQ
-// itself where the column pass adds its 16-bit partials there directly. Strides in bytes; a row is
+// The rows of dQ that the row statistics clear for the key-block pass to add into: the fp32 accumulator, or dQ
+// itself where the key-block pass adds its 16-bit partials there directly. Strides in bytes; a row is
 // `row_vectors` 16-byte vectors, and every row start is 16-byte aligned (TMA's alignment).
 struct DqTarget {
   char* ptr;
@@ -142,10 +142,9 @@ __device__ inline void store_scaled(Element* out, float4 v, float scale, bool ve
   }
 }
 
-// The column pass's step on two warpgroups: a 64-row block of Q
-// (and of dP, P) against a CTA's 128 key columns. The warpgroups split the columns for S and dK and the head
-// dimensions for dQ; transposed views of the same swizzled buffers give the MN-major wgmma operands.
-// kStages (Q, dP[, P]) tiles are staged by TMA; each kernel picks how many its shared memory holds.
+// The tiles of a key-block step (sm90/kb_config.h): a 64-row block of Q (and of dP, P) against a CTA's 128 keys;
+// transposed views of the same swizzled buffers give the MN-major wgmma operands. kStages (Q, dP[, P]) tiles
+// are staged by TMA.
 template <class Element_, int kHeadDim_, bool kSavedP_, int kStages_>
 struct StepTiles {
   using Element = Element_;
@@ -153,15 +152,12 @@ struct StepTiles {
   static constexpr bool kSavedP = kSavedP_;
   static constexpr int kBlockM = 64;   // query rows per step (one wgmma M)
   static constexpr int kBlockN = 128;  // key columns per CTA, 64 per warpgroup
-  static constexpr int kWarpgroups = 2;
-  static constexpr int kThreads = 128 * kWarpgroups;
   static constexpr int kStages = kStages_;
 
   using BM = Int<kBlockM>;
   using BN = Int<kBlockN>;
   using HD = Int<kHeadDim>;
   using ST = Int<kStages>;
-  using Half = Int<kBlockN / kWarpgroups>;
 
   using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<BM, HD, ST>{}));   // (rows, d, stage)
@@ -170,19 +166,6 @@ struct StepTiles {
   using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<BN, HD>{}));       // (cols, d)
   using SmemLayoutKt = decltype(composition(SmemLayoutK{}, make_layout(Shape<HD, BN>{}, Stride<BN, _1>{})));
   using SmemLayoutP = decltype(tile_to_shape(SmemAtom{}, Shape<BM, BN, ST>{}));   // (rows, cols, stage)
-  using SmemLayoutdS = decltype(tile_to_shape(SmemAtom{}, Shape<BM, BN>{}));      // (rows, cols)
-  using SmemLayoutdSt = decltype(composition(SmemLayoutdS{}, make_layout(Shape<BN, BM>{}, Stride<BM, _1>{})));
-
-  using MmaS = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<BM, Half, HD>, GMMA::Major::K, GMMA::Major::K>(),
-      Layout<Shape<_1, Int<kWarpgroups>, _1>>{}));
-  using MmadQ = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<BM, Int<kHeadDim / kWarpgroups>, BN>, GMMA::Major::K,
-                           GMMA::Major::MN>(),
-      Layout<Shape<_1, Int<kWarpgroups>, _1>>{}));
-  using MmadK = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<Half, HD, BM>, GMMA::Major::MN, GMMA::Major::MN>(),
-      Layout<Shape<Int<kWarpgroups>, _1, _1>>{}));
 
   using TmaQ = TmaLoad<Element, HD, decltype(SmemLayoutQ{}(_, _, 0))>;
   using TmaK = TmaLoad<Element, HD, SmemLayoutK>;
@@ -193,16 +176,6 @@ struct StepTiles {
   static constexpr uint32_t kPBytes = kBlockM * kBlockN * sizeof(Element);
 
   static constexpr uint32_t kStageBytes = kQBytes + kPBytes * (kSavedP ? 2 : 1);
-
-  // The step's tiles in shared memory: (Q, dP[, P]) staged, K resident, dS for the two products. Each starts
-  // on a 1024-byte boundary, the period of the 128-byte swizzle.
-  struct Tiles {
-    alignas(1024) cute::array<Element, cosize_v<SmemLayoutQ>> q;
-    alignas(1024) cute::array<Element, cosize_v<SmemLayoutK>> k;
-    alignas(1024) cute::array<Element, cosize_v<SmemLayoutP>> dp;
-    alignas(1024) cute::array<Element, kSavedP ? cosize_v<SmemLayoutP> : 1> p;
-    alignas(1024) cute::array<Element, cosize_v<SmemLayoutdS>> ds;
-  };
 
   // The TMA descriptors of a step's inputs (p in saved-P mode only: a copy of dp otherwise, never used).
   struct Loads {
@@ -274,10 +247,10 @@ struct Config {
     TmaK tma_k;
     TmaP tma_dp;
     TmaP tma_p;             // saved-P mode only (a copy of tma_dp otherwise, never used)
-    generic::RowVec lse;    // written by the row statistics unless lse_given; read by the column pass
+    generic::RowVec lse;    // written by the row statistics unless lse_given; read by the key-block pass
     generic::RowVec delta;  // D, written by the row statistics
     bool lse_given;
-    DqTarget dq_clear;  // what the column pass adds dQ into, cleared here
+    DqTarget dq_clear;  // what the key-block pass adds dQ into, cleared here
   };
 };
 

@@ -5,7 +5,7 @@
 //   recompute, LSE given: D = Σ_j exp(S_ij − LSE_i) dP_ij
 //   saved-P:              D = Σ_j P_ij dP_ij (no product)
 // The four lanes of a quad share the rows of a wgmma accumulator: row sums end in quad shuffles.
-// It also clears its rows of what the column pass adds dQ into, the fp32 accumulator or dQ itself (a pass of
+// It also clears its rows of what the key-block pass adds dQ into, the fp32 accumulator or dQ itself (a pass of
 // its own, a memset, cost more: measured in docs/PERFORMANCE.md, v7c).
 #pragma once
 

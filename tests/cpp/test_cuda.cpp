@@ -115,7 +115,7 @@ std::vector<Case> sweep() {
       }
     }
   }
-  // The Hopper column pass takes 16-bit, D = 128, TMA-aligned shapes (S a multiple of 8): its tile edges.
+  // The Hopper two-pass backward takes 16-bit, D = 128, TMA-aligned shapes (S a multiple of 8): its tile edges.
   for (int64_t s : {8, 72, 136, 520}) {
     for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
       for (Mask mask : kAllMasks) {
@@ -357,9 +357,9 @@ INSTANTIATE_TEST_SUITE_P(
                            .variant = Variant::kSavedP}),
     param_name);
 
-// The two-pass column pass at shapes with more column blocks than SMs, through the fp32 accumulator (rows of
-// more than 1024 keys) and with dQ added directly (up to 1024): an odd column-block count, GQA, and causal
-// Sk > Sq, where whole column blocks have no rows (their dK is zero).
+// The key-block pass at shapes with more key blocks than SMs, through the fp32 accumulator (rows of more than
+// 1024 keys) and with dQ added directly (up to 1024): an odd key-block count, GQA, and causal Sk > Sq, where
+// whole key blocks have no rows (their dK is zero).
 // Checked block by block (dQ by 64-row blocks, dK by 128-key blocks): one missing or misplaced tile among
 // hundreds would vanish in one Frobenius norm over the tensor.
 void expect_blocks_close(const char* name, const HostTensor& out, const std::vector<double>& ref, int64_t rows,
@@ -399,7 +399,7 @@ TEST(BlockCheck, CatchesOneBadBlock) {
                           "bad: blocks above 0.01: 21 (0.05");
 }
 
-class GpuColumnBlocks : public GpuTest, public ::testing::WithParamInterface<Case> {};
+class GpuKeyBlocks : public GpuTest, public ::testing::WithParamInterface<Case> {};
 
 // The outputs of case c checked as a whole and block by block: dQ by `row_block` rows, dK by `key_block` keys.
 void expect_gpu_matches_cpu_by_blocks(const Case& c, int64_t row_block, int64_t key_block) {
@@ -410,13 +410,13 @@ void expect_gpu_matches_cpu_by_blocks(const Case& c, int64_t row_block, int64_t 
   });
 }
 
-TEST_P(GpuColumnBlocks, EveryBlock) {
-  constexpr int64_t kRowBlock = 64, kKeyBlock = 128;  // the column pass's tile: a step's rows, a CTA's keys
+TEST_P(GpuKeyBlocks, EveryBlock) {
+  constexpr int64_t kRowBlock = 64, kKeyBlock = 128;  // the key-block pass's tile: a step's rows, a CTA's keys
   expect_gpu_matches_cpu_by_blocks(GetParam(), kRowBlock, kKeyBlock);
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Items, GpuColumnBlocks,
+    Items, GpuKeyBlocks,
     ::testing::Values(Case{.B = 1, .Hq = 16, .Hk = 16, .Sq = 1160, .Sk = 1160, .D = 128},
                       Case{.B = 1, .Hq = 16, .Hk = 16, .Sq = 1160, .Sk = 1160, .D = 128, .dtype = DType::kFloat16,
                            .variant = Variant::kSavedP},

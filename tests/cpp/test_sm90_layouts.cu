@@ -11,7 +11,6 @@
 #include <type_traits>
 #include <vector>
 
-#include "cuda/sm90_colpass.cuh"
 #include "cuda/sm90/kb_config.h"
 #include "cuda/sm90_config.h"
 
@@ -21,10 +20,10 @@ namespace {
 using namespace cute;
 
 
-// The column pass stores each thread's dQ pairs at base + 4 · dq_offset(r, d): the addresses of CuTe's
-// partition of the swizzled buffer, pairs of adjacent columns 8-byte aligned.
+// Into the fp32 accumulator the key-block pass stores each thread's dQ pairs at base + 4 · dq_offset(r, d):
+// the addresses of CuTe's partition of the swizzled buffer, pairs of adjacent columns 8-byte aligned.
 template <class Cfg>
-void check_dq_offsets(int threads = Cfg::kThreads) {
+void check_dq_offsets(int threads) {
   using L = typename Cfg::SmemLayoutdQ;
   static float buf[cosize_v<L>] __attribute__((aligned(1024)));
   Tensor sdQ = make_tensor(make_smem_ptr(buf), L{});  // (BM, D)
@@ -44,12 +43,6 @@ void check_dq_offsets(int threads = Cfg::kThreads) {
   }
   EXPECT_EQ(wrong, 0) << "dQ pair offsets that differ from CuTe's partition";
   EXPECT_EQ(unpaired, 0) << "dQ pairs that are not two adjacent, 8-byte aligned columns";
-}
-
-TEST(Sm90Layouts, ColumnPassDqOffsets) {
-  check_dq_offsets<ColPassConfig<cutlass::bfloat16_t, 128, false, false>>();
-  check_dq_offsets<ColPassConfig<cutlass::bfloat16_t, 128, true, false>>();
-  check_dq_offsets<ColPassConfig<cutlass::half_t, 128, true, false>>();
 }
 
 // Two coordinates below 4096 as one int (and a stage or buffer above them).
@@ -94,10 +87,10 @@ void add_lane(WarpCopy& wc, int lane, const Element* base, const Smem& smem, con
   }
 }
 
-// Direct dQ: the column pass rounds its dQ accumulator to 16 bits and stores it by stmatrix (CuTe's STSM_N
-// copy of MmadQ's accumulator, one address per 8 values: store_matrices) into the swizzled 16-bit buffer that
-// the reduce-add's TMA reads (the key-block pass does the same with its own copy, check (4) below). CuTe's model must give each register slot the accumulator's own coordinate, and
-// stmatrix's own semantics applied to the lanes' addresses must write every (r, d) of the buffer once, with
+// Direct dQ: the key-block pass rounds its dQ accumulator to 16 bits and stores it by stmatrix (a copy of
+// MmadQ's accumulator, one address per 8 values: store_matrices) into the swizzled 16-bit buffer that the
+// reduce-add's TMA reads (check (4) below). CuTe's model must give each register slot the accumulator's own
+// coordinate, and stmatrix's own semantics applied to the lanes' addresses must write every (r, d) of the buffer once, with
 // the accumulator value (r, d), from 16 contiguous, aligned bytes per address.
 template <class Cfg, class Copy>
 void check_dq_stores(int threads) {
@@ -151,50 +144,6 @@ void check_dq_stores(int threads) {
   EXPECT_EQ(unpaired, 0) << "slot pairs that are not one 32-bit register";
 }
 
-template <class Cfg>
-void check_direct_dq_stores() {
-  static_assert(Cfg::kDirectDq && std::is_same_v<typename Cfg::DqElement, typename Cfg::Element>,
-                "a direct-dQ configuration");
-  using Copy = decltype(make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, typename Cfg::Element>{},
-                                          typename Cfg::MmadQ{}));
-  check_dq_stores<Cfg, Copy>(Cfg::kThreads);
-}
-
-TEST(Sm90Layouts, ColumnPassDirectDqStores) {
-  check_direct_dq_stores<ColPassConfig<cutlass::bfloat16_t, 128, false, true>>();
-  check_direct_dq_stores<ColPassConfig<cutlass::half_t, 128, true, true>>();
-}
-
-// store_dk walks the dK accumulator as (rows, cols) with one row pointer per row: each row must be one key
-// column, each (ci, ci + 1) two adjacent head dimensions, and the threads together must cover the tile once.
-template <class Cfg>
-void check_dk_rows() {
-  typename Cfg::MmadK mma_dk;
-  std::vector<int> seen(Cfg::kBlockN * Cfg::kHeadDim, 0);
-  int mixed = 0, unpaired = 0;
-  for (int tid = 0; tid < Cfg::kThreads; ++tid) {
-    Tensor tdKcdK = mma_dk.get_thread_slice(tid).partition_C(
-        make_identity_tensor(Shape<typename Cfg::BN, typename Cfg::HD>{}));  // (MMA, MMA_N, MMA_D) → (c, d)
-    Tensor rc = make_tensor(tdKcdK.data(), rowcol(tdKcdK.layout()));        // (rows, cols) → (c, d)
-    for (int ri = 0; ri < size<0>(rc); ++ri) {
-      for (int ci = 0; ci < size<1>(rc); ++ci) {
-        const int c = get<0>(rc(ri, ci)), d = get<1>(rc(ri, ci));
-        mixed += c != get<0>(rc(ri, 0));
-        if (ci % 2 == 1) unpaired += d != get<1>(rc(ri, ci - 1)) + 1;
-        ++seen[c * Cfg::kHeadDim + d];
-      }
-    }
-  }
-  EXPECT_EQ(mixed, 0) << "accumulator rows that hold more than one key column";
-  EXPECT_EQ(unpaired, 0) << "column pairs that are not two adjacent head dimensions";
-  EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), int(seen.size())) << "elements not covered exactly once";
-}
-
-TEST(Sm90Layouts, DkEpilogueRows) {
-  check_dk_rows<ColPassConfig<cutlass::bfloat16_t, 128, false, true>>();
-  check_dk_rows<ColPassConfig<cutlass::half_t, 128, true, false>>();
-}
-
 // ldmatrix of stage s is addressed as stage 0's address + s · kPBytes, each access 16 contiguous bytes.
 template <class Cfg, class Mma>
 void check_stage_offsets() {
@@ -224,11 +173,7 @@ void check_stage_offsets() {
 }
 
 TEST(Sm90Layouts, MatrixAccessStages) {
-  using ColRecompute = ColPassConfig<cutlass::bfloat16_t, 128, false, true>;
-  using ColSavedP = ColPassConfig<cutlass::bfloat16_t, 128, true, false>;
   using Rows = Config<cutlass::bfloat16_t, 128>;
-  check_stage_offsets<ColRecompute, typename ColRecompute::MmaS>();
-  check_stage_offsets<ColSavedP, typename ColSavedP::MmaS>();
   check_stage_offsets<Rows, typename Rows::MmaS>();
 }
 
@@ -522,7 +467,7 @@ void check_kb_dq_stores() {
 TEST(Sm90Layouts, KeyBlockDqStores) {
   check_kb_dq_stores<KbBf16Recompute>();
   check_kb_dq_stores<KbFp16SavedP>();
-  // Into the fp32 accumulator: pairs at dq_offset, as the column pass stores them, by the one consumer.
+  // Into the fp32 accumulator: pairs at dq_offset, by the one consumer whose turn the step is.
   check_dq_offsets<KbBf16RecomputeAccum>(kWarpgroup);
   check_dq_offsets<KbFp16SavedPAccum>(kWarpgroup);
 }

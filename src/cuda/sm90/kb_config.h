@@ -1,17 +1,18 @@
 // The configuration of the key-block pass (docs/DESIGN.md, "Shared memory, the step's own bound"), one per
-// (dtype, head dimension, mode), read by the host (descriptors, shared-memory size) and the kernel. It takes
-// the column pass's place (sm90_colpass.cuh) after the row statistics where dQ is added straight into dQ.
+// (dtype, head dimension, mode, where dQ is added), read by the host (descriptors, shared-memory size) and the
+// kernel. It runs after the row statistics (sm90_rowstats.cuh), which give each row's LSE and D.
 //
 // A CTA owns a block of 128 keys of a (batch, key head); the row blocks of 64 rows of every query head of the
 // group stream through. Per CTA:
 //   warpgroup 0    producer: warp 0 (one thread) issues the TMA loads (K once; Q, dP[, P] per step into the
 //                  stage pipeline); warp 1 copies the step's rows' LSE·log2e and D into the rows pipeline;
-//                  warp 2 (one thread) reduce-adds each step's 16-bit dQ partial into dQ by TMA;
+//                  warp 2 (one thread) reduce-adds each step's dQ partial by TMA (16-bit into dQ,
+//                  or fp32 into the accumulator);
 //   warpgroups 1-2 consumers, 64 keys each: Sᵀ = K_w Qᵀ with K_w from registers (RS, keys on the wgmma's M),
 //                  dSᵀ = Pᵀ ∘ (dPᵀ − D) in registers, dK += dSᵀ Q from those registers (RS), dS into shared
 //                  memory; the dQ partial = dS K over the CTA's 128 keys (SS, N = D) by one consumer per step,
 //                  the two taking turns, scaled and rounded into its staging buffer. Per step they move ~208 KB
-//                  through shared memory where the column pass moves 304 KB.
+//                  through shared memory where the column pass it replaced moved 304 KB.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -26,12 +27,24 @@
 
 #include "cuda/generic_config.h"
 #include "cuda/sm90_config.h"
-#include "cuda/sm90_step.cuh"
 #include "problem.h"
 
 namespace qksoftmax::cuda::sm90 {
 
 using namespace cute;
+
+// The steps of a CTA's key block in order, (query head of the group, row block), advanced without divisions:
+// the row blocks from `first` (causal: the first that sees a key of the block) of each query head in turn.
+struct StepCursor {
+  int64_t head;
+  int block;
+  __device__ void advance(int first, int end) {
+    if (++block == end) {
+      block = first;
+      ++head;
+    }
+  }
+};
 
 // kDirectDq: each step's dQ partial is scaled, rounded to 16 bits and added into dQ itself (rows of up to
 // kSm90DirectDqMaxSk keys); otherwise added in fp32 into the accumulator that convert_dq_kernel scales.
@@ -162,7 +175,7 @@ struct KbConfig : StepTiles<Element_, kHeadDim_, kSavedP_, kSavedP_ ? 2 : 3> {
     return as_position_independent_swizzle_layout(SmemLayoutdQ{})(row, d);
   }
 
-  // The key-block pass's parameters (those of the column pass it replaces).
+  // The key-block pass's parameters.
   struct Params {
     Problem prob;
     typename Base::Loads tma;

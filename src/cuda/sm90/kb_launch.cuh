@@ -1,4 +1,4 @@
-// Host side of the key-block pass: the column pass's step loads, the reduce-add into what the row statistics
+// Host side of the key-block pass: the step loads, the reduce-add into what the row statistics
 // cleared (dQ itself or the fp32 accumulator: DqTarget) and one CTA per key block of 128 keys of each (batch,
 // key head). run_sm90_backward (sm90_backward_launch.cuh) calls it after the row statistics.
 #pragma once

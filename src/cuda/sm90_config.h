@@ -29,6 +29,19 @@ using TmaLoad = decltype(make_tma_copy(
                 Stride<int64_t, _1, int64_t, int64_t>{}),
     SmemLayout{}));
 
+// One TMA load of `gmem` (a tile of tma's global tensor) into `smem` (the same shape), completing on the
+// transaction barrier `full`; and one TMA store (or reduce-add, as tma was made) of `smem` into `gmem`.
+template <class Tma, class GTile, class STile>
+__device__ void tma_load_tile(const Tma& tma, uint64_t& full, const GTile& gmem, STile&& smem) {
+  auto [tg, ts] = tma_partition(tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(smem), group_modes<0, 2>(gmem));
+  copy(tma.with(full), tg, ts);
+}
+template <class Tma, class STile, class GTile>
+__device__ void tma_store_tile(const Tma& tma, STile&& smem, const GTile& gmem) {
+  auto [tg, ts] = tma_partition(tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(smem), group_modes<0, 2>(gmem));
+  copy(tma, ts, tg);
+}
+
 // Reductions over the lanes that share the rows of a wgmma accumulator (a quad).
 template <int kLanes>
 __device__ inline float quad_max(float v) {

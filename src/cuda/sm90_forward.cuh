@@ -136,15 +136,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
       const int stage = issued % kStages;
       Barrier::arrive_and_expect_tx(&st.k_full[stage], Cfg::kKBytes);
       Tensor gK = local_tile(mK(_, _, kv_head, b), Shape<BN, HD>{}, make_coord(issued % live_blocks, 0));  // (BN, D)
-      auto [tKgK, tKsK] = tma_partition(params.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK(_, _, stage)), group_modes<0, 2>(gK));
-      copy(params.tma_k.with(st.k_full[stage]), tKgK, tKsK);
+      tma_load_tile(params.tma_k, st.k_full[stage], gK, sK(_, _, stage));
     }
   };
   if (tid == 0) {
     Barrier::arrive_and_expect_tx(&st.q_full, Cfg::kQBytes);
     Tensor gQ = local_tile(mQ(_, _, h, b), Shape<BM, HD>{}, make_coord(mb, 0));  // (BM, D)
-    auto [tQgQ, tQsQ] = tma_partition(params.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-    copy(params.tma_q.with(st.q_full), tQgQ, tQsQ);
+    tma_load_tile(params.tma_q, st.q_full, gQ, sQ);
     produce(0);
   }
 
@@ -154,8 +152,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   if (tid == 0 && live_blocks < col_blocks) {
     for (int j = live_blocks; j < col_blocks; ++j) {
       Tensor gP = local_tile(mP(_, _, h, b), Shape<BM, BN>{}, make_coord(mb, int64_t(j)));  // (BM, BN)
-      auto [tPgP, tPsZ] = tma_partition(params.tma_p, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sP(_, _, Int<Cfg::kZeroBuffer>{})), group_modes<0, 2>(gP));
-      copy(params.tma_p, tPsZ, tPgP);
+      tma_store_tile(params.tma_p, sP(_, _, Int<Cfg::kZeroBuffer>{}), gP);
     }
     tma_store_arrive();
   }
@@ -262,8 +259,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     release();
     if (tid == 0) {
       Tensor gP = local_tile(mP(_, _, h, b), Shape<BM, BN>{}, make_coord(mb, int64_t(j)));  // (BM, BN)
-      auto [tPgP, tPsP] = tma_partition(params.tma_p, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sP(_, _, buffer)), group_modes<0, 2>(gP));
-      copy(params.tma_p, tPsP, tPgP);
+      tma_store_tile(params.tma_p, sP(_, _, buffer), gP);
       tma_store_arrive();
     }
   }

@@ -60,16 +60,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
                                                              Cfg::kPBytes * (saved_p ? 2 : 1));
     if (need_scores) {
       Tensor gK = local_tile(mK(_, _, kv_head, b), Shape<BN, HD>{}, make_coord(t, 0));  // (BN, D)
-      auto [tKgK, tKsK] = tma_partition(params.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK(_, _, stage)), group_modes<0, 2>(gK));
-      copy(params.tma_k.with(st.stage_full[stage]), tKgK, tKsK);
+      tma_load_tile(params.tma_k, st.stage_full[stage], gK, sK(_, _, stage));
     }
     Tensor gdP = local_tile(mdP(_, _, h, b), Shape<BM, BN>{}, make_coord(mb, t));  // (BM, BN)
-    auto [tPgdP, tPsdP] = tma_partition(params.tma_dp, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdP(_, _, stage)), group_modes<0, 2>(gdP));
-    copy(params.tma_dp.with(st.stage_full[stage]), tPgdP, tPsdP);
+    tma_load_tile(params.tma_dp, st.stage_full[stage], gdP, sdP(_, _, stage));
     if (saved_p) {
       Tensor gP = local_tile(mP(_, _, h, b), Shape<BM, BN>{}, make_coord(mb, t));
-      auto [tPgP, tPsP] = tma_partition(params.tma_p, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sP(_, _, stage)), group_modes<0, 2>(gP));
-      copy(params.tma_p.with(st.stage_full[stage]), tPgP, tPsP);
+      tma_load_tile(params.tma_p, st.stage_full[stage], gP, sP(_, _, stage));
     }
   };
 
@@ -77,8 +74,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     if (need_scores) {
       Barrier::arrive_and_expect_tx(&st.q_full, Cfg::kQBytes);
       Tensor gQ = local_tile(mQ(_, _, h, b), Shape<BM, HD>{}, make_coord(mb, 0));  // (BM, D)
-      auto [tQgQ, tQsQ] = tma_partition(params.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-      copy(params.tma_q.with(st.q_full), tQgQ, tQsQ);
+      tma_load_tile(params.tma_q, st.q_full, gQ, sQ);
     }
     if (steps > 0) issue_step(0);
   }

@@ -50,8 +50,7 @@ struct BwdProducer {
         Tensor gK = local_tile(mK(_, _, item.kv_head, item.b), Shape<CK, HD>{},
                                make_coord(int(mask.key0(u) / Cfg::kChunk), 0));  // (CK, D)
         Tensor sKu = local_tile(sK, Shape<CK, HD>{}, make_coord(Cfg::pos(u), 0));         // (CK, D)
-        auto [tKg, tKs] = tma_partition(tma.k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sKu), group_modes<0, 2>(gK));
-        copy(tma.k.with(*k_pipe.producer_get_barrier(k_state)), tKg, tKs);
+        tma_load_tile(tma.k, *k_pipe.producer_get_barrier(k_state), gK, sKu);
       }
       ++k_state;
 
@@ -67,19 +66,16 @@ struct BwdProducer {
         auto* full = stage_pipe.producer_get_barrier(stage_state);
         const int stage = stage_state.index();
         Tensor gQ = local_tile(mQ(_, _, h, item.b), Shape<BM, HD>{}, make_coord(mb, 0));  // (BM, D)
-        auto [tQg, tQs] = tma_partition(tma.q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ(_, _, stage)), group_modes<0, 2>(gQ));
-        copy(tma.q.with(*full), tQg, tQs);
+        tma_load_tile(tma.q, *full, gQ, sQ(_, _, stage));
         for (int u = 0; u < live; ++u) {
           const int nb = int(mask.key0(u) / Cfg::kChunk);
           Tensor gdP = local_tile(mdP(_, _, h, item.b), Shape<BM, CK>{}, make_coord(mb, nb));   // (BM, CK)
           Tensor sdPu = local_tile(sdP(_, _, stage), Shape<BM, CK>{}, make_coord(0, Cfg::pos(u)));  // (BM, CK)
-          auto [tPg, tPs] = tma_partition(tma.dp, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdPu), group_modes<0, 2>(gdP));
-          copy(tma.dp.with(*full), tPg, tPs);
+          tma_load_tile(tma.dp, *full, gdP, sdPu);
           if constexpr (Cfg::kSavedP) {
             Tensor gP = local_tile(mP(_, _, h, item.b), Shape<BM, CK>{}, make_coord(mb, nb));  // (BM, CK)
             Tensor sPu = local_tile(sP(_, _, stage), Shape<BM, CK>{}, make_coord(0, Cfg::pos(u)));  // (BM, CK)
-            auto [tPg2, tPs2] = tma_partition(tma.p, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sPu), group_modes<0, 2>(gP));
-            copy(tma.p.with(*full), tPg2, tPs2);
+            tma_load_tile(tma.p, *full, gP, sPu);
           }
         }
         ++stage_state;

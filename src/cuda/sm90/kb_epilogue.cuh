@@ -35,9 +35,7 @@ struct KbDqWriter {
       if (lane == 0) {
         Tensor sdQ = make_tensor(make_smem_ptr(st.dq[buf].data()), typename Cfg::SmemLayoutdQ{});  // (BM, D)
         Tensor gdQ = local_tile(mdQ(_, _, h, work.b), Shape<BM, HD>{}, make_coord(mb, 0));           // (BM, D)
-        auto [tRgdQ, tRsdQ] = tma_partition(params.tma_dq, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdQ),
-                                            group_modes<0, 2>(gdQ));
-        copy(params.tma_dq, tRsdQ, tRgdQ);
+        tma_store_tile(params.tma_dq, sdQ, gdQ);
         tma_store_arrive();
         tma_store_wait<1>();  // the reduce-add of step t − 1 has read its buffer
       }

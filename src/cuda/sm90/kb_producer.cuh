@@ -38,8 +38,7 @@ struct KbProducer {
     // K of the block (keys past Sk arrive as zeros).
     Cfg::TxBarrier::arrive_and_expect_tx(&st.k_full, Cfg::kKBytes);
     Tensor gK = local_tile(mK(_, _, work.kv_head, work.b), Shape<BN, HD>{}, make_coord(nb, 0));  // (BN, D)
-    auto [tKgK, tKsK] = tma_partition(tma.k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-    copy(tma.k.with(st.k_full), tKgK, tKsK);
+    tma_load_tile(tma.k, st.k_full, gK, sK);
 
     auto state = cutlass::make_producer_start_state<StagePipeline>();
     StepCursor at = work.first();
@@ -51,15 +50,12 @@ struct KbProducer {
       auto* full = stage_pipe.producer_get_barrier(state);
       const int stage = state.index();
       Tensor gQ = local_tile(mQ(_, _, h, work.b), Shape<BM, HD>{}, make_coord(mb, 0));  // (BM, D)
-      auto [tQgQ, tQsQ] = tma_partition(tma.q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ(_, _, stage)), group_modes<0, 2>(gQ));
-      copy(tma.q.with(*full), tQgQ, tQsQ);
+      tma_load_tile(tma.q, *full, gQ, sQ(_, _, stage));
       Tensor gdP = local_tile(mdP(_, _, h, work.b), Shape<BM, BN>{}, make_coord(mb, nb));  // (BM, BN)
-      auto [tPgdP, tPsdP] = tma_partition(tma.dp, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdP(_, _, stage)), group_modes<0, 2>(gdP));
-      copy(tma.dp.with(*full), tPgdP, tPsdP);
+      tma_load_tile(tma.dp, *full, gdP, sdP(_, _, stage));
       if constexpr (Cfg::kSavedP) {
         Tensor gP = local_tile(mP(_, _, h, work.b), Shape<BM, BN>{}, make_coord(mb, nb));  // (BM, BN)
-        auto [tPgP, tPsP] = tma_partition(tma.p, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sP(_, _, stage)), group_modes<0, 2>(gP));
-        copy(tma.p.with(*full), tPgP, tPsP);
+        tma_load_tile(tma.p, *full, gP, sP(_, _, stage));
       }
     }
   }

@@ -42,17 +42,6 @@ auto backward_views(const Problem& prob) {
                                            prob.B));
 }
 
-// The TMA descriptors of the key-block pass's step inputs.
-template <class Tiles>
-typename Tiles::Loads step_loads(const Problem& prob) {
-  using namespace cute;
-  const auto [q, k, dp, p] = backward_views<typename Tiles::Element, typename Tiles::HD>(prob);
-  return {make_tma_copy(SM90_TMA_LOAD{}, q, typename Tiles::SmemLayoutQ{}(_, _, 0)),
-          make_tma_copy(SM90_TMA_LOAD{}, k, typename Tiles::SmemLayoutK{}),
-          make_tma_copy(SM90_TMA_LOAD{}, dp, typename Tiles::SmemLayoutP{}(_, _, 0)),
-          make_tma_copy(SM90_TMA_LOAD{}, p, typename Tiles::SmemLayoutP{}(_, _, 0))};
-}
-
 }  // namespace sm90
 
 // What the key-block pass adds its dQ partials into, as DqTarget (byte strides) for the row statistics to clear:

@@ -155,50 +155,6 @@ __device__ inline void store_scaled(Element* out, float4 v, float scale, bool ve
   }
 }
 
-// The tiles of a key-block step (sm90/kb_config.h): a 64-row block of Q (and of dP, P) against a CTA's 128 keys;
-// transposed views of the same swizzled buffers give the MN-major wgmma operands. kStages (Q, dP[, P]) tiles
-// are staged by TMA.
-template <class Element_, int kHeadDim_, bool kSavedP_, int kStages_>
-struct StepTiles {
-  using Element = Element_;
-  static constexpr int kHeadDim = kHeadDim_;
-  static constexpr bool kSavedP = kSavedP_;
-  static constexpr int kBlockM = 64;   // query rows per step (one wgmma M)
-  static constexpr int kBlockN = 128;  // key columns per CTA, 64 per warpgroup
-  static constexpr int kStages = kStages_;
-
-  using BM = Int<kBlockM>;
-  using BN = Int<kBlockN>;
-  using HD = Int<kHeadDim>;
-  using ST = Int<kStages>;
-
-  using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
-  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<BM, HD, ST>{}));   // (rows, d, stage)
-  using SmemLayoutQt = decltype(composition(SmemLayoutQ{}, make_layout(Shape<HD, BM, ST>{},
-                                                                       Stride<BM, _1, Int<kBlockM * kHeadDim>>{})));
-  using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<BN, HD>{}));       // (cols, d)
-  using SmemLayoutKt = decltype(composition(SmemLayoutK{}, make_layout(Shape<HD, BN>{}, Stride<BN, _1>{})));
-  using SmemLayoutP = decltype(tile_to_shape(SmemAtom{}, Shape<BM, BN, ST>{}));   // (rows, cols, stage)
-
-  using TmaQ = TmaLoad<Element, HD, decltype(SmemLayoutQ{}(_, _, 0))>;
-  using TmaK = TmaLoad<Element, HD, SmemLayoutK>;
-  using TmaP = TmaLoad<Element, int32_t, decltype(SmemLayoutP{}(_, _, 0))>;
-
-  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
-  static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
-  static constexpr uint32_t kPBytes = kBlockM * kBlockN * sizeof(Element);
-
-  static constexpr uint32_t kStageBytes = kQBytes + kPBytes * (kSavedP ? 2 : 1);
-
-  // The TMA descriptors of a step's inputs (p in saved-P mode only: a copy of dp otherwise, never used).
-  struct Loads {
-    TmaQ q;
-    TmaK k;
-    TmaP dp;
-    TmaP p;
-  };
-};
-
 // The row statistics of the two-pass backward (sm90_rowstats.cuh): the forward's pass-1 shape, two CTAs per
 // SM of two warpgroups, each warpgroup 64 of the CTA's rows against 64-column key blocks.
 template <class Element_, int kHeadDim_>

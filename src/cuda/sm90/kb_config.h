@@ -49,22 +49,49 @@ struct StepCursor {
 // kDirectDq: each step's dQ partial is scaled, rounded to 16 bits and added into dQ itself (rows of up to
 // kSm90DirectDqMaxSk keys); otherwise added in fp32 into the accumulator that convert_dq_kernel scales.
 template <class Element_, int kHeadDim_, bool kSavedP_, bool kDirectDq_>
-struct KbConfig : StepTiles<Element_, kHeadDim_, kSavedP_, kSavedP_ ? 2 : 3> {
-  using Base = StepTiles<Element_, kHeadDim_, kSavedP_, kSavedP_ ? 2 : 3>;
+struct KbConfig {
   using Element = Element_;
-  using typename Base::BM;
-  using typename Base::BN;
-  using typename Base::HD;
-  using typename Base::ST;
   static constexpr DType kDType = ElementTraits<Element>::kDType;
-  static constexpr int kBlockM = Base::kBlockM;
-  static constexpr int kBlockN = Base::kBlockN;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kSavedP = kSavedP_;
   static constexpr bool kDirectDq = kDirectDq_;
   using DqElement = std::conditional_t<kDirectDq, Element, float>;  // what a dQ partial is added as
+  static constexpr int kBlockM = 64;   // query rows per step (one wgmma M)
+  static constexpr int kBlockN = 128;  // keys per CTA, 64 per consumer
   // (Q, dP[, P]) stages: three of 32 KB in recompute, two of 48 KB in saved-P.
-  static constexpr int kStages = Base::kStages;
+  static constexpr int kStages = kSavedP ? 2 : 3;
+
+  using BM = Int<kBlockM>;
+  using BN = Int<kBlockN>;
+  using HD = Int<kHeadDim>;
+  using ST = Int<kStages>;
+
+  // The step's tiles as TMA writes them, 128-byte swizzled; transposed views of the same buffers give the
+  // MN-major wgmma operands.
+  using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<BM, HD, ST>{}));   // (rows, d, stage)
+  using SmemLayoutQt = decltype(composition(SmemLayoutQ{}, make_layout(Shape<HD, BM, ST>{},
+                                                                       Stride<BM, _1, Int<kBlockM * kHeadDim>>{})));
+  using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<BN, HD>{}));       // (keys, d)
+  using SmemLayoutKt = decltype(composition(SmemLayoutK{}, make_layout(Shape<HD, BN>{}, Stride<BN, _1>{})));
+  using SmemLayoutP = decltype(tile_to_shape(SmemAtom{}, Shape<BM, BN, ST>{}));   // (rows, keys, stage)
+
+  using TmaQ = TmaLoad<Element, HD, decltype(SmemLayoutQ{}(_, _, 0))>;
+  using TmaK = TmaLoad<Element, HD, SmemLayoutK>;
+  using TmaP = TmaLoad<Element, int32_t, decltype(SmemLayoutP{}(_, _, 0))>;
+
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kPBytes = kBlockM * kBlockN * sizeof(Element);
+  static constexpr uint32_t kStageBytes = kQBytes + kPBytes * (kSavedP ? 2 : 1);
+
+  // The TMA descriptors of a step's inputs (p in saved-P mode only: a copy of dp otherwise, never used).
+  struct Loads {
+    TmaQ q;
+    TmaK k;
+    TmaP dp;
+    TmaP p;
+  };
 
   static constexpr int kConsumers = 2;
   static constexpr int kHalf = kBlockN / kConsumers;  // keys (Sᵀ, dK) of a consumer
@@ -104,7 +131,7 @@ struct KbConfig : StepTiles<Element_, kHeadDim_, kSavedP_, kSavedP_ ? 2 : 3> {
   // dP and P as (keys, rows, stage): the transposed view of the (rows, keys) tiles that TMA writes, read by
   // ldmatrix.trans into Sᵀ's accumulator layout.
   using SmemLayoutPt = decltype(composition(
-      typename Base::SmemLayoutP{}, make_layout(Shape<BN, BM, ST>{}, Stride<BM, _1, Int<kBlockM * kBlockN>>{})));
+      SmemLayoutP{}, make_layout(Shape<BN, BM, ST>{}, Stride<BM, _1, Int<kBlockM * kBlockN>>{})));
   // dS, (rows, keys, buffer), K-major: the dQ product's A operand; written through its transposed view
   // (keys, rows, buffer) by stmatrix.trans from dSᵀ's accumulator layout.
   using SmemLayoutdS2 = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<BM, BN, DB>{}));
@@ -148,16 +175,13 @@ struct KbConfig : StepTiles<Element_, kHeadDim_, kSavedP_, kSavedP_ ? 2 : 3> {
   using RowsPipeline = cutlass::PipelineAsync<kStages>;  // a step's LSE·log2e and D, beside its stage
   using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
 
-  static constexpr uint32_t kStageBytes = Base::kStageBytes;
-  static constexpr uint32_t kKBytes = Base::kKBytes;
-  static constexpr uint32_t kPBytes = Base::kPBytes;
 
   // Each tile starts on a 1024-byte boundary, the period of the 128-byte swizzle.
   struct Storage {
-    alignas(1024) cute::array<Element, cosize_v<typename Base::SmemLayoutQ>> q;
-    alignas(1024) cute::array<Element, cosize_v<typename Base::SmemLayoutK>> k;
-    alignas(1024) cute::array<Element, cosize_v<typename Base::SmemLayoutP>> dp;
-    alignas(1024) cute::array<Element, kSavedP ? cosize_v<typename Base::SmemLayoutP> : 1> p;
+    alignas(1024) cute::array<Element, cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::array<Element, cosize_v<SmemLayoutK>> k;
+    alignas(1024) cute::array<Element, cosize_v<SmemLayoutP>> dp;
+    alignas(1024) cute::array<Element, kSavedP ? cosize_v<SmemLayoutP> : 1> p;
     alignas(1024) cute::array<Element, cosize_v<SmemLayoutdS2>> ds;
     alignas(1024) cute::array<DqElement, cosize_v<SmemLayoutdQ>> dq[kBuffers];
     // (LSE·log2e, D) of each row of a step (LSE 0 in saved-P, both 0 past Sq), by stage.
@@ -178,7 +202,7 @@ struct KbConfig : StepTiles<Element_, kHeadDim_, kSavedP_, kSavedP_ ? 2 : 3> {
   // The key-block pass's parameters.
   struct Params {
     Problem prob;
-    typename Base::Loads tma;
+    Loads tma;
     TmadQ tma_dq;
     generic::RowVec lse;    // recompute: log-sum-exp of each row
     generic::RowVec delta;  // D of each row

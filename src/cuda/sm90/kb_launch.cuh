@@ -15,6 +15,17 @@
 
 namespace qksoftmax::cuda {
 
+// The TMA descriptors of a key-block step's inputs.
+template <class KbCfg>
+typename KbCfg::Loads kb_loads(const Problem& prob) {
+  using namespace cute;
+  const auto [q, k, dp, p] = sm90::backward_views<typename KbCfg::Element, typename KbCfg::HD>(prob);
+  return {make_tma_copy(SM90_TMA_LOAD{}, q, typename KbCfg::SmemLayoutQ{}(_, _, 0)),
+          make_tma_copy(SM90_TMA_LOAD{}, k, typename KbCfg::SmemLayoutK{}),
+          make_tma_copy(SM90_TMA_LOAD{}, dp, typename KbCfg::SmemLayoutP{}(_, _, 0)),
+          make_tma_copy(SM90_TMA_LOAD{}, p, typename KbCfg::SmemLayoutP{}(_, _, 0))};
+}
+
 template <class KbCfg>
 Status run_sm90_keyblock(const Problem& prob, const generic::Params& rows, const sm90::DqTarget& target,
                          CUstream_st* stream) {
@@ -26,7 +37,7 @@ Status run_sm90_keyblock(const Problem& prob, const generic::Params& rows, const
                                 make_shape(int32_t(prob.Sq), typename KbCfg::HD{}, int32_t(prob.Hq), int32_t(prob.B)),
                                 make_stride(target.sr / e, _1{}, target.sh / e, target.sb / e));
   const typename KbCfg::Params params{
-      prob, sm90::step_loads<KbCfg>(prob),
+      prob, kb_loads<KbCfg>(prob),
       make_tma_copy(SM90_TMA_REDUCE_ADD{}, into, typename KbCfg::SmemLayoutdQ{}), rows.lse, rows.delta};
   const int64_t steps = (prob.Sq + KbCfg::kBlockM - 1) / KbCfg::kBlockM * prob.group();
   if (steps > INT_MAX) return {Code::kUnsupported, std::string(kName) + ": more than 2^31 - 1 row blocks per head"};

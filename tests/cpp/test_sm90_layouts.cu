@@ -2,7 +2,8 @@
 // kernel computes an address itself (32-bit offsets, stage strides), it must land where CuTe's partition of
 // the same tile says. For the key-block pass (sm90/kb_*) they also check by value which (row, key) each
 // register slot of a consumer receives or stores (ldmatrix / stmatrix emulated from the PTX ISA's rules) and
-// the register order of the RS wgmma's A operands. These run on the CPU (no GPU needed).
+// the register order of the RS wgmma's A operands, and the order in which its persistent CTAs take their tiles.
+// These run on the CPU (no GPU needed).
 #include <cute/tensor.hpp>
 #include <gtest/gtest.h>
 
@@ -12,7 +13,9 @@
 #include <vector>
 
 #include "cuda/sm90/kb_config.h"
+#include "cuda/sm90/kb_scheduler.h"
 #include "cuda/sm90_config.h"
+#include "problem.h"
 
 namespace qksoftmax::cuda::sm90 {
 namespace {
@@ -576,6 +579,24 @@ void check_kb_storage() {
   EXPECT_EQ(int(cosize_v<typename Cfg::SmemLayoutP>), Cfg::kStages * kPBox / int(sizeof(Element)));
   EXPECT_EQ(int(sizeof(st.dq[0])), Cfg::kBlockM * Cfg::kHeadDim * int(sizeof(typename Cfg::DqElement)));
   EXPECT_LE(Cfg::kSmemBytes, 227 * 1024);
+  // K buffer b is TMA's K tile (SmemLayoutK) b whole tiles on, each in st.k and on a 1024-byte boundary.
+  using KB = typename Cfg::SmemLayoutKB;
+  using K = typename Cfg::SmemLayoutK;
+  static_assert(decltype(rank(KB{}))::value == 3 && int(size<2>(KB{})) == Cfg::kKBuffers);
+  EXPECT_EQ(int(cosize_v<KB>), Cfg::kKBuffers * int(cosize_v<K>));
+  EXPECT_EQ(int(sizeof(st.k)), int(cosize_v<KB>) * int(sizeof(Element)));
+  int moved = 0, transposed = 0;
+  for (int b = 0; b < Cfg::kKBuffers; ++b) {
+    EXPECT_EQ(int(KB{}(0, 0, b)) * int(sizeof(Element)) % 1024, 0) << "a K buffer off a 1024-byte boundary";
+    for (int k = 0; k < Cfg::kBlockN; ++k) {
+      for (int d = 0; d < Cfg::kHeadDim; ++d) {
+        moved += int(KB{}(k, d, b)) != int(K{}(k, d)) + b * int(cosize_v<K>);
+        transposed += int(typename Cfg::SmemLayoutKtB{}(d, k, b)) != int(KB{}(k, d, b));
+      }
+    }
+  }
+  EXPECT_EQ(moved, 0) << "K buffer elements that are not K's tile a whole number of tiles on";
+  EXPECT_EQ(transposed, 0) << "elements of K's transposed view that are not those of K";
 }
 
 TEST(Sm90Layouts, KeyBlockStorage) {
@@ -584,6 +605,127 @@ TEST(Sm90Layouts, KeyBlockStorage) {
   check_kb_storage<KbFp16SavedP>();
   check_kb_storage<KbBf16RecomputeAccum>();
   check_kb_storage<KbFp16SavedPAccum>();
+  // With 16-bit dQ staging two K buffers fit (the next tile's K loads under the current tile), with the
+  // accumulator's fp32 staging one.
+  EXPECT_EQ(KbBf16Recompute::kKBuffers, 2);
+  EXPECT_EQ(KbBf16SavedP::kKBuffers, 2);
+  EXPECT_EQ(KbBf16RecomputeAccum::kKBuffers, 1);
+  EXPECT_EQ(KbFp16SavedPAccum::kKBuffers, 1);
+}
+
+// (7) The persistent key-block pass's tiles (kb_scheduler.h): the CTAs of a grid, each walking tiles cta,
+// cta + grid, …, must between them take every (batch, key head, key block) once; the sections of heads are
+// contiguous, within the L2 budget unless one head alone exceeds it, as few as that allows and of equal width
+// (±1); within a section the order is longest first (steps never grow); and the launch's count of the most
+// loaded CTA's steps is the walk's.
+struct KbShape {
+  int64_t B, Hq, Hk, Sq, Sk;
+  Mask mask;
+};
+
+KbBf16Recompute::TileOrder kb_tile_order(const KbShape& shape, int64_t head_bytes) {
+  Problem prob;
+  prob.pass = Pass::kBackward;
+  prob.B = shape.B, prob.Hq = shape.Hq, prob.Hk = shape.Hk, prob.Sq = shape.Sq, prob.Sk = shape.Sk;
+  prob.mask = shape.mask;
+  return KbBf16Recompute::TileOrder::of(prob, head_bytes);
+}
+
+void check_kb_tile_order(const KbShape& shape, int64_t head_bytes, int grid) {
+  using Order = KbBf16Recompute::TileOrder;
+  const Order order = kb_tile_order(shape, head_bytes);
+  const int key_blocks = int((shape.Sk + KbBf16Recompute::kBlockN - 1) / KbBf16Recompute::kBlockN);
+  const int heads = int(shape.B * shape.Hk);
+  ASSERT_EQ(order.tiles(), key_blocks * heads);
+
+  // The sections: `wide_sections` of `section` heads, then ones of section − 1, covering the heads.
+  ASSERT_GE(order.section, 1);
+  ASSERT_TRUE(order.wide_sections >= 1 && order.wide_sections * order.section <= heads);
+  const int narrow = order.section - 1;
+  const int rest = heads - order.wide_sections * order.section;
+  ASSERT_TRUE(rest == 0 || (narrow > 0 && rest % narrow == 0));
+  const int sections = order.wide_sections + (rest == 0 ? 0 : rest / narrow);
+  if (order.section > 1) EXPECT_LE(order.section * head_bytes, kKbSectionL2Bytes) << "a section past L2's budget";
+  const int64_t widest = std::max<int64_t>(1, std::min<int64_t>(heads, kKbSectionL2Bytes / head_bytes));
+  EXPECT_EQ(sections, (heads + widest - 1) / widest) << "more sections than the budget needs";
+  std::vector<int> section_of(size_t(heads), 0);
+  for (int s = 0, first = 0; s < sections; first += s < order.wide_sections ? order.section : narrow, ++s) {
+    for (int h = first; h < first + (s < order.wide_sections ? order.section : narrow); ++h) section_of[size_t(h)] = s;
+  }
+
+  // Every tile taken once over the CTAs' walks; each CTA's steps.
+  std::vector<int> taken(size_t(order.tiles()), 0);
+  std::vector<int64_t> cta_steps(size_t(grid), 0);
+  int walked = 0;
+  for (int cta = 0; cta < grid; ++cta) {
+    KbScheduler<Order> scheduler(order, cta, grid);
+    for (KbTile tile; scheduler.next(tile); ++walked) {
+      ASSERT_TRUE(tile.b >= 0 && tile.b < shape.B && tile.kv_head >= 0 && tile.kv_head < shape.Hk && tile.nb >= 0 &&
+                  tile.nb < key_blocks);
+      ++taken[size_t((int64_t(tile.b) * shape.Hk + tile.kv_head) * key_blocks + tile.nb)];
+      cta_steps[size_t(cta)] += order.steps(tile.nb);
+    }
+  }
+  EXPECT_EQ(walked, order.tiles());
+  EXPECT_EQ(std::count(taken.begin(), taken.end(), 1), int64_t(order.tiles())) << "tiles not taken exactly once";
+  EXPECT_EQ(order.most_cta_steps(grid), *std::max_element(cta_steps.begin(), cta_steps.end()))
+      << "the launch's count of the most loaded CTA's steps";
+
+  // Sections one after the other, longest first within each, against the steps counted here from the mask.
+  const int row_blocks = int((shape.Sq + KbBf16Recompute::kBlockM - 1) / KbBf16Recompute::kBlockM);
+  const auto steps_of = [&](int nb) {
+    int first = 0;
+    if (shape.mask == Mask::kCausal) {
+      first = int(std::min<int64_t>(int64_t(nb) * KbBf16Recompute::kBlockN / KbBf16Recompute::kBlockM, row_blocks));
+    }
+    return (row_blocks - first) * int(shape.Hq / shape.Hk);
+  };
+  int growing = 0, wrong_steps = 0, back = 0;
+  for (int i = 0; i < order.tiles(); ++i) {
+    const KbTile tile = order.tile(i);
+    wrong_steps += order.steps(tile.nb) != steps_of(tile.nb);
+    if (i > 0) {
+      const KbTile prev = order.tile(i - 1);
+      const int s = section_of[size_t(tile.b * shape.Hk + tile.kv_head)];
+      const int prev_s = section_of[size_t(prev.b * shape.Hk + prev.kv_head)];
+      back += s < prev_s || s > prev_s + 1;
+      growing += s == prev_s && steps_of(tile.nb) > steps_of(prev.nb);
+    }
+  }
+  EXPECT_EQ(wrong_steps, 0) << "tiles whose step count differs from the mask's";
+  EXPECT_EQ(back, 0) << "sections not taken one after the other";
+  EXPECT_EQ(growing, 0) << "tiles of a section with more steps than the one before";
+}
+
+TEST(Sm90Layouts, KeyBlockTileOrder) {
+  constexpr int64_t kMiB = int64_t(1) << 20;
+  constexpr int kSms = 132;
+  // B8·H128·S1024 causal, direct dQ: 0.5 MB of Q and dQ per head, 16 sections of 64 heads.
+  check_kb_tile_order({8, 128, 128, 1024, 1024, Mask::kCausal}, kMiB / 2, kSms);
+  // Without the mask; GQA (4 query heads per key head) in three sections of 8 heads; five sections of 6 heads
+  // and one of 5.
+  check_kb_tile_order({2, 16, 16, 1000, 1000, Mask::kNone}, kMiB / 2, kSms);
+  check_kb_tile_order({3, 32, 8, 777, 1200, Mask::kCausal}, 3 * kMiB, 7);
+  check_kb_tile_order({5, 7, 7, 2048, 2048, Mask::kCausal}, 5 * kMiB, kSms);
+  // Causal with Sk > Sq: key blocks without steps (dK zero), last in each section.
+  check_kb_tile_order({2, 4, 2, 200, 1000, Mask::kCausal}, kMiB, 3);
+  // Fewer tiles than CTAs; one head larger than the budget (sections of one head); one CTA for all.
+  check_kb_tile_order({1, 1, 1, 100, 300, Mask::kCausal}, kMiB, kSms);
+  check_kb_tile_order({2, 3, 3, 4096, 4096, Mask::kCausal}, 64 * kMiB, 5);
+  check_kb_tile_order({2, 6, 3, 512, 640, Mask::kCausal}, kMiB, 1);
+}
+
+// The grid: persistent where the static walk keeps the CTAs within the set-up they save of an even share
+// (B8·H128·S1024 causal: 62 tiles of 2–16 steps per CTA), one CTA per tile where a CTA's few tiles differ
+// too much (B1·H16·S16384 causal: 15.5 tiles of 2–256 steps per CTA in sections of two heads).
+TEST(Sm90Layouts, KeyBlockPersistentGrid) {
+  constexpr int64_t kMiB = int64_t(1) << 20;
+  constexpr int kSms = 132;
+  EXPECT_TRUE(kb_tile_order({8, 128, 128, 1024, 1024, Mask::kCausal}, kMiB / 2).persistent_pays(kSms));
+  EXPECT_TRUE(kb_tile_order({8, 128, 128, 1024, 1024, Mask::kNone}, kMiB / 2).persistent_pays(kSms));
+  EXPECT_FALSE(kb_tile_order({1, 16, 16, 16384, 16384, Mask::kCausal}, 12 * kMiB).persistent_pays(kSms));
+  // Equal tiles, 1.2 per CTA: the static walk is as even as any hand-out.
+  EXPECT_TRUE(kb_tile_order({1, 16, 16, 1160, 1160, Mask::kNone}, kMiB).persistent_pays(kSms));
 }
 
 }  // namespace

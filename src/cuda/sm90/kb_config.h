@@ -2,17 +2,21 @@
 // (dtype, head dimension, mode, where dQ is added), read by the host (descriptors, shared-memory size) and the
 // kernel. It runs after the row statistics (sm90_rowstats.cuh), which give each row's LSE and D.
 //
-// A CTA owns a block of 128 keys of a (batch, key head); the row blocks of 64 rows of every query head of the
-// group stream through. Per CTA:
-//   warpgroup 0    producer: warp 0 (one thread) issues the TMA loads (K once; Q, dP[, P] per step into the
-//                  stage pipeline); warp 1 copies the step's rows' LSE·log2e and D into the rows pipeline;
-//                  warp 2 (one thread) reduce-adds each step's dQ partial by TMA (16-bit into dQ,
-//                  or fp32 into the accumulator);
+// A tile is a block of 128 keys of a (batch, key head); the row blocks of 64 rows of every query head of the
+// group stream through. The CTAs are persistent, one per SM (where that pays: kb_launch.cuh), each walking its
+// tiles in the scheduler's order (kb_scheduler.h, longest first); every role walks the same tiles, and the
+// pipelines, the barriers' phases and the steps' turns run on across tiles, so that a tile's loads stream in
+// under the previous tile's last steps and its dQ reduce-adds under the next tile's first. Per CTA:
+//   warpgroup 0    producer: warp 0 (one thread) issues the TMA loads (K once per tile into one of kKBuffers
+//                  buffers; Q, dP[, P] per step into the stage pipeline); warp 1 copies the step's rows' LSE·log2e
+//                  and D into the rows pipeline; warp 2 (one thread) reduce-adds each step's dQ partial by TMA
+//                  (16-bit into dQ, or fp32 into the accumulator);
 //   warpgroups 1-2 consumers, 64 keys each: Sᵀ = K_w Qᵀ with K_w from registers (RS, keys on the wgmma's M),
 //                  dSᵀ = Pᵀ ∘ (dPᵀ − D) in registers, dK += dSᵀ Q from those registers (RS), dS into shared
 //                  memory; the dQ partial = dS K over the CTA's 128 keys (SS, N = D) by one consumer per step,
-//                  the two taking turns, scaled and rounded into its staging buffer. Per step they move ~208 KB
-//                  through shared memory where the column pass it replaced moved 304 KB.
+//                  the two taking turns, scaled and rounded into its staging buffer; dK stored at the tile's
+//                  end. Per step they move ~208 KB through shared memory where the column pass it replaced
+//                  moved 304 KB.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -26,6 +30,7 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "cuda/generic_config.h"
+#include "cuda/sm90/kb_scheduler.h"
 #include "cuda/sm90_config.h"
 #include "problem.h"
 
@@ -98,6 +103,8 @@ struct KbConfig {
   static constexpr int kWarpgroupThreads = 128;
   static constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);
   static constexpr int kConsumerThreads = kWarpgroupThreads * kConsumers;
+  static constexpr int kCtasPerSm = 1;  // (shared memory): a persistent grid of one CTA per SM
+  static constexpr int kMaxSmemBytes = 227 * 1024;  // a CTA's shared memory on sm_90
   // The producer warpgroup's warps.
   static constexpr int kLoadWarp = 0;
   static constexpr int kRowsWarp = 1;
@@ -123,10 +130,13 @@ struct KbConfig {
   // so is staging buffer t mod 2. A consumer writes dS buffer t mod 2 in step t once the dQ product of step
   // t − 2 (its last reader, consumer t mod 2's) is complete: consumer t mod 2 waited for it itself in step
   // t − 1; the other passed the dS barrier of step t − 1, which consumer t mod 2 arrives at after that wait.
+  // t counts the CTA's steps over all its tiles, so that parities and turns alternate across a tile's end as
+  // within a tile.
   static constexpr int kBuffers = 2;
 
   using HF = Int<kHalf>;
   using DB = Int<kBuffers>;
+  using TileOrder = KbTileOrder<kBlockM, kBlockN>;
 
   // dP and P as (keys, rows, stage): the transposed view of the (rows, keys) tiles that TMA writes, read by
   // ldmatrix.trans into Sᵀ's accumulator layout.
@@ -177,9 +187,10 @@ struct KbConfig {
 
 
   // Each tile starts on a 1024-byte boundary, the period of the 128-byte swizzle.
-  struct Storage {
+  template <int kKBuffers_>
+  struct StorageOf {
     alignas(1024) cute::array<Element, cosize_v<SmemLayoutQ>> q;
-    alignas(1024) cute::array<Element, cosize_v<SmemLayoutK>> k;
+    alignas(1024) cute::array<Element, int(cosize_v<SmemLayoutK>) * kKBuffers_> k;
     alignas(1024) cute::array<Element, cosize_v<SmemLayoutP>> dp;
     alignas(1024) cute::array<Element, kSavedP ? cosize_v<SmemLayoutP> : 1> p;
     alignas(1024) cute::array<Element, cosize_v<SmemLayoutdS2>> ds;
@@ -188,10 +199,22 @@ struct KbConfig {
     alignas(16) float2 rows[kStages][kBlockM];
     typename StagePipeline::SharedStorage stage_pipe;
     typename RowsPipeline::SharedStorage rows_pipe;
-    alignas(8) uint64_t k_full;
+    alignas(8) uint64_t k_full[kKBuffers_];   // K of a tile loaded (TMA's transaction count)
+    alignas(8) uint64_t k_empty[kKBuffers_];  // its last reader, the tile's last dQ product, complete
   };
+  // K of a tile: two buffers where shared memory holds them (16-bit dQ staging: 195 → 227 KB in recompute),
+  // so that the next tile's K loads while this one runs; otherwise one, reloaded once the tile's last dQ
+  // product has read it, while its dQ and dK epilogue runs and the next tile's first stages are already in.
+  static constexpr int kKBuffers = sizeof(StorageOf<2>) <= size_t(kMaxSmemBytes) ? 2 : 1;
+  using KB = Int<kKBuffers>;
+  using Storage = StorageOf<kKBuffers>;
   static constexpr int kSmemBytes = int(sizeof(Storage));
-  static_assert(kSmemBytes <= 227 * 1024, "the key-block pass's shared memory exceeds a CTA's 227 KB");
+  static_assert(kSmemBytes <= kMaxSmemBytes, "the key-block pass's shared memory exceeds a CTA's 227 KB");
+  // K by buffer, (keys, d, K buffer) as TMA writes each buffer, and its transposed view (d, keys, K buffer),
+  // the dQ product's B operand.
+  using SmemLayoutKB = decltype(tile_to_shape(SmemAtom{}, Shape<BN, HD, KB>{}));
+  using SmemLayoutKtB = decltype(composition(
+      SmemLayoutKB{}, make_layout(Shape<HD, BN, KB>{}, Stride<BN, _1, Int<kBlockN * kHeadDim>>{})));
 
   // Element offset of (row, d) in an fp32 dQ buffer, the swizzle in element units (SmemLayoutdQ's own swizzle
   // acts on byte addresses: applied to an element index it would move the wrong bits).
@@ -206,29 +229,42 @@ struct KbConfig {
     TmadQ tma_dq;
     generic::RowVec lse;    // recompute: log-sum-exp of each row
     generic::RowVec delta;  // D of each row
+    TileOrder order;
   };
 };
 
-// The key block of a CTA and its steps.
+// A tile, the key block nb of (b, kv_head), and its steps.
 template <class Cfg>
 struct KbWork {
   int64_t b, kv_head, n0, group;
-  int first_row_block, row_blocks, steps;
+  int nb, first_row_block, row_blocks, steps;
 
-  __device__ explicit KbWork(const Problem& prob) {
-    const int64_t col_blocks = (prob.Sk + Cfg::kBlockN - 1) / Cfg::kBlockN;
-    const generic::TileCoord tile = generic::tile_coord(col_blocks, prob.Hk);
-    b = tile.b;
-    kv_head = tile.h;
-    n0 = tile.tile * Cfg::kBlockN;
-    group = prob.group();
-    row_blocks = int((prob.Sq + Cfg::kBlockM - 1) / Cfg::kBlockM);
-    // Causal: the row blocks above this key block see none of it.
-    first_row_block = min(prob.keys().causal ? int(n0 / Cfg::kBlockM) : 0, row_blocks);
-    steps = (row_blocks - first_row_block) * int(group);  // fits 32 bits (checked at the launch)
-  }
+  __device__ KbWork(const typename Cfg::TileOrder& order, const KbTile& tile)
+      : b(tile.b),
+        kv_head(tile.kv_head),
+        n0(int64_t(tile.nb) * Cfg::kBlockN),
+        group(order.group),
+        nb(tile.nb),
+        first_row_block(order.first_row_block(tile.nb)),
+        row_blocks(order.row_blocks),
+        steps(order.steps(tile.nb)) {}
   __device__ StepCursor first() const { return {kv_head * group, first_row_block}; }
   __device__ void advance(StepCursor& at) const { at.advance(first_row_block, row_blocks); }
+};
+
+// The CTA's walk over its tiles (kb_scheduler.h), the same for every role.
+template <class Cfg>
+__device__ KbScheduler<typename Cfg::TileOrder> kb_scheduler(const typename Cfg::Params& params) {
+  return {params.order, int(blockIdx.x), int(gridDim.x)};
+}
+
+// Which of the kKBuffers K buffers the CTA's k-th K load (k counts tiles with steps) goes into, and the
+// phase of that buffer's barriers in that use.
+template <class Cfg>
+struct KBufferUse {
+  int buffer;
+  uint32_t phase;
+  CUTE_HOST_DEVICE explicit KBufferUse(int k) : buffer(k % Cfg::kKBuffers), phase(uint32_t(k / Cfg::kKBuffers) & 1) {}
 };
 
 // A wgmma accumulator of 16-bit values ((2, 2, N/8), M, N') viewed as the A operand of an RS wgmma over K = N:

@@ -1,7 +1,8 @@
 // The epilogues of the key-block pass: each step's dQ partial (64 rows × D, from the consumer whose turn the
 // step was) reduce-added by one TMA from the step's staging buffer into dQ (16 bits, scaled) or the fp32
-// accumulator (the dQ warp: not deterministic, the adds of different CTAs land in any order); dK stored by the
-// consumers from their accumulators at the end.
+// accumulator (the dQ warp: not deterministic, the adds of different CTAs land in any order), its steps
+// counted over all the CTA's tiles so that a tile's last reduce-adds run under the next tile's first steps;
+// dK stored by the consumers from their accumulators at each tile's end.
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -10,10 +11,12 @@
 
 namespace qksoftmax::cuda::sm90 {
 
-// The dQ warp: per step, once the consumer of its turn has written buffer t mod 2 (its full barrier), one thread
-// reduce-adds it; the buffer is handed back (its empty barrier) once the reduce-add has read it, awaited a step
-// later so that the two buffers' reduce-adds overlap the consumers' work. Only the arrivals a later step waits
-// for are made: a named barrier must not be left with arrivals at the kernel's end.
+// The dQ warp: per step t of the CTA (counted over its tiles), once the consumer of its turn has written
+// buffer t mod 2 (its full barrier), one thread reduce-adds it; the buffer is handed back (its empty barrier)
+// once the reduce-add has read it, awaited a step later so that the two buffers' reduce-adds overlap the
+// consumers' work, and announced when step t + 1 comes, which writes it next: a named barrier must not be
+// left with arrivals at the kernel's end, and the warp learns that another step follows (of this tile or a
+// later one) only when it reaches it.
 template <class Cfg>
 struct KbDqWriter {
   using BM = typename Cfg::BM;
@@ -21,35 +24,39 @@ struct KbDqWriter {
   const typename Cfg::Params& params;
   typename Cfg::Storage& st;
 
-  __device__ void run(const KbWork<Cfg>& work, int lane) {
+  __device__ void run(int lane) {
     const Problem& prob = params.prob;
     constexpr int kBuffers = Cfg::kBuffers;
     Tensor mdQ = params.tma_dq.get_tma_tensor(make_shape(int32_t(prob.Sq), HD{}, int32_t(prob.Hq), int32_t(prob.B)));
-    StepCursor at = work.first();
-    for (int t = 0; t < work.steps; ++t) {
-      const int buf = t % kBuffers;
-      const int64_t h = at.head;
-      const int mb = at.block;
-      work.advance(at);
-      cutlass::arch::NamedBarrier::sync(Cfg::kDqBarrierThreads, Cfg::kDqFullBarrier + buf);
-      if (lane == 0) {
-        Tensor sdQ = make_tensor(make_smem_ptr(st.dq[buf].data()), typename Cfg::SmemLayoutdQ{});  // (BM, D)
-        Tensor gdQ = local_tile(mdQ(_, _, h, work.b), Shape<BM, HD>{}, make_coord(mb, 0));           // (BM, D)
-        tma_store_tile(params.tma_dq, sdQ, gdQ);
-        tma_store_arrive();
-        tma_store_wait<1>();  // the reduce-add of step t − 1 has read its buffer
-      }
-      __syncwarp();
-      if (t >= 1 && t + 1 < work.steps) {  // step t + 1 writes the buffer of step t − 1
-        cutlass::arch::NamedBarrier::arrive(Cfg::kDqBarrierThreads, Cfg::kDqEmptyBarrier + (t - 1) % kBuffers);
+    int t = 0;  // the CTA's steps so far
+    auto scheduler = kb_scheduler<Cfg>(params);
+    for (KbTile tile; scheduler.next(tile);) {
+      const KbWork<Cfg> work(params.order, tile);
+      StepCursor at = work.first();
+      for (int i = 0; i < work.steps; ++i, ++t) {
+        const int buf = t % kBuffers;
+        const int64_t h = at.head;
+        const int mb = at.block;
+        work.advance(at);
+        // The reduce-add of step t − 2 read buffer buf (its wait ended step t − 1): step t may write it.
+        if (t >= kBuffers) cutlass::arch::NamedBarrier::arrive(Cfg::kDqBarrierThreads, Cfg::kDqEmptyBarrier + buf);
+        cutlass::arch::NamedBarrier::sync(Cfg::kDqBarrierThreads, Cfg::kDqFullBarrier + buf);
+        if (lane == 0) {
+          Tensor sdQ = make_tensor(make_smem_ptr(st.dq[buf].data()), typename Cfg::SmemLayoutdQ{});  // (BM, D)
+          Tensor gdQ = local_tile(mdQ(_, _, h, work.b), Shape<BM, HD>{}, make_coord(mb, 0));           // (BM, D)
+          tma_store_tile(params.tma_dq, sdQ, gdQ);
+          tma_store_arrive();
+          tma_store_wait<1>();  // the reduce-add of step t − 1 has read its buffer
+        }
+        __syncwarp();
       }
     }
     if (lane == 0) tma_store_wait<0>();  // the reduce-adds read shared memory until they complete
   }
 };
 
-// dK = scale · the accumulator of consumer w, at its keys below Sk (zeros for a block without steps); on the
-// GPU the last dimension has stride 1 (validate.cpp).
+// dK of a tile = scale · the accumulator of consumer w, at its keys below Sk (zeros for a block without steps);
+// on the GPU the last dimension has stride 1 (validate.cpp).
 template <class Cfg, class Acc, class Coord>
 __device__ void kb_store_dk(const typename Cfg::Params& params, int w, const Acc& tdKrdK, const Coord& tdKcdK,
                             const KbWork<Cfg>& work) {

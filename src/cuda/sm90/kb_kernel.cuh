@@ -1,7 +1,9 @@
 // The key-block pass's kernel: roles by warpgroup (producer warpgroup: loads, rows, dQ reduce-adds; two
 // consumers) with setmaxnreg, the stage pipeline (CUTLASS PipelineTmaAsync: Q, dP[, P] by TMA), the rows
-// pipeline (PipelineAsync: LSE·log2e and D of a step's rows) and K's transaction barrier. One CTA per key block
-// of 128 keys of a (batch, key head); not a cluster.
+// pipeline (PipelineAsync: LSE·log2e and D of a step's rows) and K's barriers (full: a transaction barrier per
+// K buffer; empty: the consumers' hand-back). Persistent, not a cluster: each CTA (one per SM, or one per tile:
+// kb_launch.cuh) walks its tiles (kb_scheduler.h), each role on its own copy of the walk; barriers are
+// initialised once and their phases, like the pipelines' states, run on across tiles.
 #pragma once
 
 #include <cutlass/arch/reg_reconfig.h>
@@ -14,7 +16,8 @@
 namespace qksoftmax::cuda::sm90 {
 
 template <class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads, 1) kb_kernel(CUTE_GRID_CONSTANT const typename Cfg::Params params) {
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
+    kb_kernel(CUTE_GRID_CONSTANT const typename Cfg::Params params) {
   using StagePipeline = typename Cfg::StagePipeline;
   using RowsPipeline = typename Cfg::RowsPipeline;
   extern __shared__ __align__(1024) char kb_smem[];  // the swizzled tiles need a 1024-byte-aligned base
@@ -24,7 +27,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) kb_kernel(CUTE_GRID_CONSTANT
   const int warp = cutlass::canonical_warp_idx_sync() % (Cfg::kWarpgroupThreads / 32);
   const int lane = int(threadIdx.x) % 32;
   const bool leader = threadIdx.x == 0;  // the load thread
-  const KbWork<Cfg> work(params.prob);
 
   typename StagePipeline::Params stage_params;
   stage_params.transaction_bytes = Cfg::kStageBytes;
@@ -42,7 +44,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) kb_kernel(CUTE_GRID_CONSTANT
   RowsPipeline rows_pipe(st.rows_pipe, rows_params);
 
   if (leader) {
-    Cfg::TxBarrier::init(&st.k_full, 1);
+    for (int b = 0; b < Cfg::kKBuffers; ++b) {
+      Cfg::TxBarrier::init(&st.k_full[b], 1);
+      cutlass::arch::ClusterBarrier::init(&st.k_empty[b], Cfg::kConsumerThreads);
+    }
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();  // every barrier initialised before any use
@@ -50,15 +55,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) kb_kernel(CUTE_GRID_CONSTANT
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
     if (warp == Cfg::kLoadWarp) {
-      if (lane == 0) KbProducer<Cfg>{params, st}.run(stage_pipe, work);
+      if (lane == 0) KbProducer<Cfg>{params, st}.run(stage_pipe);
     } else if (warp == Cfg::kRowsWarp) {
-      KbRows<Cfg>{params, st}.run(rows_pipe, work, lane);
+      KbRows<Cfg>{params, st}.run(rows_pipe, lane);
     } else if (warp == Cfg::kDqWarp) {
-      KbDqWriter<Cfg>{params, st}.run(work, lane);
+      KbDqWriter<Cfg>{params, st}.run(lane);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
-    KbMainloop<Cfg>{params, st, warpgroup - 1}.run(stage_pipe, rows_pipe, work);
+    KbMainloop<Cfg>{params, st, warpgroup - 1}.run(stage_pipe, rows_pipe);
   }
 }
 

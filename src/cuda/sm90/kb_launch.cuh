@@ -1,6 +1,8 @@
 // Host side of the key-block pass: the step loads, the reduce-add into what the row statistics
-// cleared (dQ itself or the fp32 accumulator: DqTarget) and one CTA per key block of 128 keys of each (batch,
-// key head). run_sm90_backward (sm90_backward_launch.cuh) calls it after the row statistics.
+// cleared (dQ itself or the fp32 accumulator: DqTarget), the tile order (kb_scheduler.h) and the grid: one
+// persistent CTA per SM, or one CTA per tile (a key block of 128 keys of a (batch, key head)) where there are no
+// more tiles than SMs or the static walk would leave the CTAs uneven.
+// run_sm90_backward (sm90_backward_launch.cuh) calls it after the row statistics.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,6 +10,7 @@
 #include <climits>
 #include <string>
 
+#include "cuda/device.h"
 #include "cuda/generic_launch.cuh"
 #include "cuda/sm90/kb_config.h"
 #include "cuda/sm90/kb_kernel.cuh"
@@ -33,16 +36,30 @@ Status run_sm90_keyblock(const Problem& prob, const generic::Params& rows, const
   using DqElement = typename KbCfg::DqElement;
   constexpr const char* kName = "sm90 key-block pass";
   constexpr int64_t e = sizeof(DqElement);
+  const int64_t steps = (prob.Sq + KbCfg::kBlockM - 1) / KbCfg::kBlockM * prob.group();
+  if (steps > INT_MAX) return {Code::kUnsupported, std::string(kName) + ": more than 2^31 - 1 row blocks per head"};
+  const int64_t tiles = (prob.Sk + KbCfg::kBlockN - 1) / KbCfg::kBlockN * prob.B * prob.Hk;
+  if (tiles > INT_MAX) return {Code::kUnsupported, std::string(kName) + ": more than 2^31 - 1 key blocks"};
+  const DeviceInfo* device = nullptr;
+  if (Status s = device_info(prob.device_index, &device); !s.ok()) return s;
+
   const auto into = make_tensor(make_gmem_ptr(reinterpret_cast<DqElement*>(target.ptr)),
                                 make_shape(int32_t(prob.Sq), typename KbCfg::HD{}, int32_t(prob.Hq), int32_t(prob.B)),
                                 make_stride(target.sr / e, _1{}, target.sh / e, target.sb / e));
-  const typename KbCfg::Params params{
-      prob, kb_loads<KbCfg>(prob),
-      make_tma_copy(SM90_TMA_REDUCE_ADD{}, into, typename KbCfg::SmemLayoutdQ{}), rows.lse, rows.delta};
-  const int64_t steps = (prob.Sq + KbCfg::kBlockM - 1) / KbCfg::kBlockM * prob.group();
-  if (steps > INT_MAX) return {Code::kUnsupported, std::string(kName) + ": more than 2^31 - 1 row blocks per head"};
-  const int64_t key_blocks = (prob.Sk + KbCfg::kBlockN - 1) / KbCfg::kBlockN * prob.B * prob.Hk;
-  return launch<KbCfg>(sm90::kb_kernel<KbCfg>, kName, key_blocks, params, stream);
+  // What the key blocks of a (batch, key head) share through L2: Q and the dQ target of its query heads.
+  const int64_t head_bytes = prob.group() * prob.Sq * prob.D * int64_t(sizeof(typename KbCfg::Element) + e);
+  const typename KbCfg::Params params{prob,
+                                      kb_loads<KbCfg>(prob),
+                                      make_tma_copy(SM90_TMA_REDUCE_ADD{}, into, typename KbCfg::SmemLayoutdQ{}),
+                                      rows.lse,
+                                      rows.delta,
+                                      KbCfg::TileOrder::of(prob, head_bytes)};
+  // Persistent CTAs where their static walk keeps them even (kb_scheduler.h); otherwise a CTA per tile, handed
+  // out by the hardware in the same order as SMs come free.
+  const int64_t resident = int64_t(device->sm_count) * KbCfg::kCtasPerSm;
+  const bool persistent = tiles > resident && params.order.persistent_pays(int(resident));
+  const int64_t grid = persistent ? resident : tiles;
+  return launch<KbCfg>(sm90::kb_kernel<KbCfg>, kName, grid, params, stream);
 }
 
 }  // namespace qksoftmax::cuda

@@ -1,6 +1,7 @@
-// The consumer warpgroups of the key-block pass. Consumer w owns keys [n0 + 64w, n0 + 64w + 64) of the CTA's
-// block (Sᵀ, dS, dK), K_w in registers, and the dQ product of every other step (t mod 2 = w). Per 64-row
-// step t:
+// The consumer warpgroups of the key-block pass, walking the CTA's tiles (kb_scheduler.h). Consumer w owns keys
+// [n0 + 64w, n0 + 64w + 64) of the tile's block (Sᵀ, dS, dK), K_w in registers (loaded at the tile's start
+// from the tile's K buffer), and the dQ product of every other step (t mod 2 = w, t counting the CTA's steps
+// over its tiles, so that the turns alternate across a tile's end). Per 64-row step t:
 //   element-wise: dPᵀ (and Pᵀ) by ldmatrix.trans; dSᵀ = Pᵀ ∘ (dPᵀ − D), P = 2^(S·scale·log2e − LSE·log2e)
 //   with LSE·log2e and D of the step's rows from the rows pipeline, rounded to 16 bits, masked only where the
 //   tile is cut; dS into the step's dS buffer by stmatrix.trans. Meanwhile the tensor pipe runs the other
@@ -10,9 +11,12 @@
 //   turn, the dQ partial of step t − 1 scaled, rounded and stored into its staging buffer for the dQ warp's
 //   reduce-add; then on its turn: the other consumer's dS of step t awaited (dS barrier t mod 2, which the other
 //   arrives at, without waiting, once its dS is stored and its own dQ product of step t − 1 is complete), the
-//   dQ partial = dS K (all of D, the CTA's 128 keys) issued and left in flight into step t + 1. Sᵀ(t + 1) and dK awaited, the stage released. Neither
-//   consumer waits for the other's products: they drift apart, one's element-wise work under the other's
-//   products.
+//   dQ partial = dS K (all of D, the CTA's 128 keys) issued and left in flight into step t + 1. Sᵀ(t + 1) and dK
+//   awaited, the stage released. Neither consumer waits for the other's products: they drift apart, one's
+//   element-wise work under the other's products.
+// At a tile's end every product is awaited: the K buffer is handed back to the producer (the tile's last dQ
+// product was its last reader), the last dQ partial staged, dK stored; the next tile's first stages are
+// already loaded or loading meanwhile.
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -43,19 +47,18 @@ struct KbMainloop {
   int w;  // this consumer, 0 or 1
 
   template <class StagePipeline, class RowsPipeline>
-  __device__ void run(StagePipeline& stage_pipe, RowsPipeline& rows_pipe, const KbWork<Cfg>& work) {
+  __device__ void run(StagePipeline& stage_pipe, RowsPipeline& rows_pipe) {
     // The dS barrier counts both consumers: the one whose turn it is waits, the other arrives.
     constexpr int kDsBarrierThreads = Cfg::kConsumerThreads;
     const Problem& prob = params.prob;
     const int tid = threadIdx.x % Cfg::kWarpgroupThreads;
     const KeyRange keys = prob.keys();
     const float scale_log2 = prob.scale * kLog2e;
-    const int64_t n0w = work.n0 + int64_t(w) * kHalf;  // this consumer's first key
 
     Tensor sQ = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQ{});       // (BM, D, ST)
     Tensor sQt = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQt{});     // (D, BM, ST)
-    Tensor sK = make_tensor(make_smem_ptr(st.k.data()), typename Cfg::SmemLayoutK{});       // (BN, D)
-    Tensor sKt = make_tensor(make_smem_ptr(st.k.data()), typename Cfg::SmemLayoutKt{});     // (D, BN)
+    Tensor sK = make_tensor(make_smem_ptr(st.k.data()), typename Cfg::SmemLayoutKB{});      // (BN, D, KB)
+    Tensor sKt = make_tensor(make_smem_ptr(st.k.data()), typename Cfg::SmemLayoutKtB{});    // (D, BN, KB)
     Tensor sdPt = make_tensor(make_smem_ptr(st.dp.data()), typename Cfg::SmemLayoutPt{});   // (BN, BM, ST)
     Tensor sPt = make_tensor(make_smem_ptr(st.p.data()), typename Cfg::SmemLayoutPt{});     // (BN, BM, ST), saved-P
     Tensor sdS = make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdS2{});   // (BM, BN, DB)
@@ -66,8 +69,9 @@ struct KbMainloop {
     auto thr_s = mma_s.get_thread_slice(tid);
     using FragS = decltype(partition_fragment_C(mma_s, Shape<HF, BM>{}));  // (MMA, 1, 1) fp32
     using FragS16 = decltype(make_fragment_like<Element>(FragS{}));        // (MMA, 1, 1)
-    Tensor sKw = local_tile(sK, Shape<HF, HD>{}, make_coord(w, 0));                   // (HF, D)
-    Tensor tSrK = thr_s.partition_fragment_A(sKw);                                     // (MMA, 1, D/16) registers
+    // This consumer's keys of K buffer b, (HF, D).
+    const auto k_of = [&](int b) { return local_tile(sK(_, _, b), Shape<HF, HD>{}, make_coord(w, 0)); };
+    Tensor tSrK = thr_s.partition_fragment_A(k_of(0));                                 // (MMA, 1, D/16) registers
     const Tensor tSrQ = thr_s.partition_fragment_B(sQ);                                // (MMA, 1, D/16, ST)
     typename Cfg::CopyKA s2r_k;
     auto thr_s2r_k = s2r_k.get_thread_slice(tid);
@@ -90,7 +94,7 @@ struct KbMainloop {
     typename Cfg::MmadQ mma_dq;
     auto thr_dq = mma_dq.get_thread_slice(tid);
     const Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);   // (MMA, 1, BN/16, DB) descriptors
-    const Tensor tdQrK = thr_dq.partition_fragment_B(sKt);    // (MMA, 1, BN/16) descriptors
+    const Tensor tdQrK = thr_dq.partition_fragment_B(sKt);    // (MMA, 1, BN/16, KB) descriptors
     // The dQ partial into this consumer's staging buffer (buffer w: its turns are the steps t mod 2 = w).
     typename Cfg::CopydQ r2s_dq;
     auto thr_r2s_dq = r2s_dq.get_thread_slice(tid);
@@ -119,10 +123,11 @@ struct KbMainloop {
       warpgroup_commit_batch();
     };
 
-    // dSᵀ of the step from row m0 (its LSE and D in slot `slot` of the rows pipeline): Sᵀ in tSrS (recompute) or
-    // Pᵀ in tSrP (saved-P), dPᵀ in tSrdP. Only a tile that the mask, Sk or Sq cuts pays for per-element compares.
+    // dSᵀ of the step from row m0 at this consumer's keys from n0w (its LSE and D in slot `slot` of the rows
+    // pipeline): Sᵀ in tSrS (recompute) or Pᵀ in tSrP (saved-P), dPᵀ in tSrdP. Only a tile that the mask, Sk or
+    // Sq cuts pays for per-element compares.
     const auto dst_of = [&](const FragS& tSrS, const FragS16& tSrP, const FragS16& tSrdP, FragS16& tSrdS,
-                            int slot, int64_t m0) {
+                            int slot, int64_t m0, int64_t n0w) {
       Tensor tSrS_rc = make_tensor(tSrS.data(), rowcol(tSrS.layout()));     // (keys, rows)
       Tensor tSrP_rc = make_tensor(tSrP.data(), rowcol(tSrP.layout()));     // (keys, rows), saved-P
       Tensor tSrdP_rc = make_tensor(tSrdP.data(), rowcol(tSrdP.layout()));  // (keys, rows)
@@ -144,8 +149,8 @@ struct KbMainloop {
       });
     };
 
-    // The dQ partial of step s (this consumer's turn: buffer s mod 2 = w), its product complete, into the
-    // staging buffer once the reduce-add of step s − 2 has read it, for the dQ warp: scaled and rounded by
+    // The dQ partial of the CTA's step s (this consumer's turn: buffer s mod 2 = w), its product complete, into
+    // the staging buffer once the reduce-add of step s − 2 has read it, for the dQ warp: scaled and rounded by
     // stmatrix (kDirectDq), or as fp32 pairs of adjacent columns in 8-byte stores (the swizzle moves 16-byte
     // chunks, so a pair stays together).
     const auto write_dq = [&](int s, const auto& acc) {
@@ -175,101 +180,116 @@ struct KbMainloop {
     using FragdQ = decltype(partition_fragment_C(mma_dq, Shape<BM, HD>{}));  // (MMA, 1, 1) fp32
     FragdQ tdQrdQ;
     FragS tSrS;  // (MMA, 1, 1) fp32: Sᵀ of the step, recompute
-    clear(tdKrdK);
     mma_dk.accumulate_ = GMMA::ScaleOut::One;
 
     auto stage_state = cutlass::PipelineState<Cfg::kStages>{};
     auto rows_state = typename RowsPipeline::PipelineState{};
-    StepCursor at = work.first();
-    if (work.steps > 0) {
-      Cfg::TxBarrier::wait(&st.k_full, 0);
-      if constexpr (!kSavedP) copy(s2r_k, thr_s2r_k.partition_S(sKw), thr_s2r_k.retile_D(tSrK));  // resident
-      if constexpr (!kSavedP) {  // Sᵀ of step 0
-        stage_pipe.consumer_wait(stage_state);
-        issue_s(stage_state.index(), tSrS);
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tSrS);
-      }
-    }
-    // In flight at the top of step t: dQ of step t − 1 where it was this consumer's turn.
-    for (int t = 0; t < work.steps; ++t) {
-      const int stage = stage_state.index(), buf = t % kBuffers;
-      const bool turn = buf == w, last_turn = t > 0 && !turn;  // dQ of step t, of step t − 1
-      const int64_t m0 = int64_t(at.block) * kBlockM;
-      work.advance(at);
-      auto next_state = stage_state;
-      ++next_state;
-      if constexpr (kSavedP) stage_pipe.consumer_wait(stage_state);
-
-      FragS16 tSrdP, tSrP;  // (MMA, 1, 1); tSrP saved-P
-      copy(s2r, thr_s2r.partition_S(Cfg::consumer_keys(sdPt(_, _, stage), w)), thr_s2r.retile_D(tSrdP));
-      if constexpr (kSavedP) {
-        copy(s2r, thr_s2r.partition_S(Cfg::consumer_keys(sPt(_, _, stage), w)), thr_s2r.retile_D(tSrP));
-      }
-      rows_pipe.consumer_wait(rows_state);
-      FragS16 tSrdS;  // (MMA, 1, 1): dSᵀ of this step, the dK product's A operand
-      dst_of(tSrS, tSrP, tSrdP, tSrdS, rows_state.index(), m0);
-      rows_pipe.consumer_release(rows_state);
-      ++rows_state;
-      // dS buffer t mod 2 was last read by the dQ product of step t − 2 (Cfg::kBuffers).
-      copy(r2s, thr_r2s.retile_S(tSrdS), thr_r2s.partition_D(Cfg::consumer_keys(sdSt(_, _, buf), w)));
-
-      // dQ of step t − 1 where it was this consumer's, which ran under the work above: the dQ partial is free.
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tdQrdQ);
-      if (!turn) {
-        // The other consumer's dQ product may read this dS from here on; and by passing this barrier it learns
-        // that this consumer's dQ product of step t − 1, the last reader of dS buffer (t + 1) mod 2, which it
-        // writes next step, is complete (the wait above). So the arrival comes after that wait.
-        cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
-        cutlass::arch::NamedBarrier::arrive(kDsBarrierThreads, Cfg::kDsBarrier + buf);
-      }
-      // Sᵀ of step t + 1 first: the next step's element-wise work waits for it alone. Issued in every step
-      // (straight-line wgmma keeps ptxas from serialising them): the last step's multiplies its own tiles and
-      // is never read.
-      if constexpr (!kSavedP) {
-        const bool ahead = t + 1 < work.steps;
-        if (ahead) stage_pipe.consumer_wait(next_state);
-        issue_s(ahead ? next_state.index() : stage, tSrS);
-      }
-      // dK += dSᵀ Q: needs no other consumer's dS, so issued before the barrier. No operand fence before it: Sᵀ
-      // of the next step is in flight, and a fence reads the registers it names.
-      const Tensor tdKrdS = make_tensor(tSrdS.data(), acc_as_operand_a(tSrdS.layout()));  // ((2, 2, 2), 1, BM/16)
-      warpgroup_arrive();
-      CUTE_UNROLL
-      for (int kb = 0; kb < size<2>(tdKrdS); ++kb) gemm(mma_dk, tdKrdS(_, _, kb), tdKrQ(_, _, kb, stage), tdKrdK);
-      warpgroup_commit_batch();
-      if (last_turn) write_dq(t - 1, tdQrdQ);
-      if (turn) {
-        // dQ = dS K over both consumers' dS, once the other's is written.
-        cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
-        cutlass::arch::NamedBarrier::sync(kDsBarrierThreads, Cfg::kDsBarrier + buf);
-        warpgroup_arrive();
-        mma_dq.accumulate_ = GMMA::ScaleOut::Zero;
-        CUTE_UNROLL
-        for (int kb = 0; kb < size<2>(tdQrK); ++kb) {
-          gemm(mma_dq, tdQrdS(_, _, kb, buf), tdQrK(_, _, kb), tdQrdQ);
-          mma_dq.accumulate_ = GMMA::ScaleOut::One;
+    int g = 0;        // the CTA's steps so far: g mod 2 picks the dS and dQ buffers and the dQ product's consumer
+    int k_loads = 0;  // tiles with steps so far
+    auto scheduler = kb_scheduler<Cfg>(params);
+    for (KbTile tile; scheduler.next(tile);) {
+      const KbWork<Cfg> work(params.order, tile);
+      const int64_t n0w = work.n0 + int64_t(w) * kHalf;  // this consumer's first key
+      const KBufferUse<Cfg> k_use(k_loads);
+      clear(tdKrdK);  // (no product in flight: the previous tile's were all awaited)
+      StepCursor at = work.first();
+      if (work.steps > 0) {
+        ++k_loads;
+        Cfg::TxBarrier::wait(&st.k_full[k_use.buffer], k_use.phase);
+        if constexpr (!kSavedP) {
+          copy(s2r_k, thr_s2r_k.partition_S(k_of(k_use.buffer)), thr_s2r_k.retile_D(tSrK));  // resident
+          stage_pipe.consumer_wait(stage_state);  // Sᵀ of step 0
+          issue_s(stage_state.index(), tSrS);
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(tSrS);
         }
-        warpgroup_commit_batch();
-        // Sᵀ of step t + 1 (recompute) and dK, the older batches: dQ stays in flight into step t + 1. dK is
-        // not left in flight: its A operand registers would be those the next step's element-wise work writes
-        // (ptxas reuses them across the loop's back edge, whatever copy is made), and its stage is released
-        // now, a step ahead of its reuse.
-        warpgroup_wait<1>();
-      } else {
-        warpgroup_wait<0>();
       }
-      if constexpr (!kSavedP) warpgroup_fence_operand(tSrS);
-      stage_pipe.consumer_release(stage_state);  // this warpgroup's last reader of the stage is done
-      stage_state = next_state;
+      // In flight at the top of step t of the tile (g of the CTA): dQ of step g − 1 where it was this consumer's
+      // turn and t > 0.
+      for (int t = 0; t < work.steps; ++t, ++g) {
+        const int stage = stage_state.index(), buf = g % kBuffers;
+        const bool turn = buf == w, last_turn = t > 0 && !turn;  // dQ of step g, of step g − 1
+        const int64_t m0 = int64_t(at.block) * kBlockM;
+        work.advance(at);
+        auto next_state = stage_state;
+        ++next_state;
+        if constexpr (kSavedP) stage_pipe.consumer_wait(stage_state);
+
+        FragS16 tSrdP, tSrP;  // (MMA, 1, 1); tSrP saved-P
+        copy(s2r, thr_s2r.partition_S(Cfg::consumer_keys(sdPt(_, _, stage), w)), thr_s2r.retile_D(tSrdP));
+        if constexpr (kSavedP) {
+          copy(s2r, thr_s2r.partition_S(Cfg::consumer_keys(sPt(_, _, stage), w)), thr_s2r.retile_D(tSrP));
+        }
+        rows_pipe.consumer_wait(rows_state);
+        FragS16 tSrdS;  // (MMA, 1, 1): dSᵀ of this step, the dK product's A operand
+        dst_of(tSrS, tSrP, tSrdP, tSrdS, rows_state.index(), m0, n0w);
+        rows_pipe.consumer_release(rows_state);
+        ++rows_state;
+        // dS buffer g mod 2 was last read by the dQ product of step g − 2 (Cfg::kBuffers).
+        copy(r2s, thr_r2s.retile_S(tSrdS), thr_r2s.partition_D(Cfg::consumer_keys(sdSt(_, _, buf), w)));
+
+        // dQ of step g − 1 where it was this consumer's, which ran under the work above: the dQ partial is free.
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tdQrdQ);
+        if (!turn) {
+          // The other consumer's dQ product may read this dS from here on; and by passing this barrier it learns
+          // that this consumer's dQ product of step g − 1, the last reader of dS buffer (g + 1) mod 2, which it
+          // writes next step, is complete (the wait above). So the arrival comes after that wait.
+          cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
+          cutlass::arch::NamedBarrier::arrive(kDsBarrierThreads, Cfg::kDsBarrier + buf);
+        }
+        // Sᵀ of step t + 1 first: the next step's element-wise work waits for it alone. Issued in every step
+        // (straight-line wgmma keeps ptxas from serialising them): the tile's last step's multiplies its own
+        // tiles and is never read.
+        if constexpr (!kSavedP) {
+          const bool ahead = t + 1 < work.steps;
+          if (ahead) stage_pipe.consumer_wait(next_state);
+          issue_s(ahead ? next_state.index() : stage, tSrS);
+        }
+        // dK += dSᵀ Q: needs no other consumer's dS, so issued before the barrier. No operand fence before it: Sᵀ
+        // of the next step is in flight, and a fence reads the registers it names.
+        const Tensor tdKrdS = make_tensor(tSrdS.data(), acc_as_operand_a(tSrdS.layout()));  // ((2, 2, 2), 1, BM/16)
+        warpgroup_arrive();
+        CUTE_UNROLL
+        for (int kb = 0; kb < size<2>(tdKrdS); ++kb) gemm(mma_dk, tdKrdS(_, _, kb), tdKrQ(_, _, kb, stage), tdKrdK);
+        warpgroup_commit_batch();
+        if (last_turn) write_dq(g - 1, tdQrdQ);
+        if (turn) {
+          // dQ = dS K over both consumers' dS, once the other's is written.
+          cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
+          cutlass::arch::NamedBarrier::sync(kDsBarrierThreads, Cfg::kDsBarrier + buf);
+          warpgroup_arrive();
+          mma_dq.accumulate_ = GMMA::ScaleOut::Zero;
+          CUTE_UNROLL
+          for (int kb = 0; kb < size<2>(tdQrK); ++kb) {
+            gemm(mma_dq, tdQrdS(_, _, kb, buf), tdQrK(_, _, kb, k_use.buffer), tdQrdQ);
+            mma_dq.accumulate_ = GMMA::ScaleOut::One;
+          }
+          warpgroup_commit_batch();
+          // Sᵀ of step t + 1 (recompute) and dK, the older batches: dQ stays in flight into step t + 1. dK is
+          // not left in flight: its A operand registers would be those the next step's element-wise work writes
+          // (ptxas reuses them across the loop's back edge, whatever copy is made), and its stage is released
+          // now, a step ahead of its reuse.
+          warpgroup_wait<1>();
+        } else {
+          warpgroup_wait<0>();
+        }
+        if constexpr (!kSavedP) warpgroup_fence_operand(tSrS);
+        stage_pipe.consumer_release(stage_state);  // this warpgroup's last reader of the stage is done
+        stage_state = next_state;
+      }
+      // The tile's last dQ product, where it was this consumer's: then this consumer reads the tile's K buffer
+      // no more, and once both have said so (k_empty counts every consumer thread) the producer may load it
+      // again, while the last dQ partial is staged and dK stored.
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tdKrdK);
+      warpgroup_fence_operand(tdQrdQ);
+      if (work.steps > 0) {
+        cutlass::arch::ClusterBarrier::arrive(&st.k_empty[k_use.buffer]);
+        if ((g - 1) % kBuffers == w) write_dq(g - 1, tdQrdQ);
+      }
+      kb_store_dk<Cfg>(params, w, tdKrdK, thr_dk.partition_C(make_identity_tensor(Shape<HF, HD>{})), work);
     }
-    // The last step's dQ, where it was this consumer's.
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tdKrdK);
-    warpgroup_fence_operand(tdQrdQ);
-    if (work.steps > 0 && (work.steps - 1) % kBuffers == w) write_dq(work.steps - 1, tdQrdQ);
-    kb_store_dk<Cfg>(params, w, tdKrdK, thr_dk.partition_C(make_identity_tensor(Shape<HF, HD>{})), work);
   }
 };
 

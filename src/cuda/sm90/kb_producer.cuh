@@ -1,8 +1,10 @@
-// The producers of the key-block pass. One thread issues every TMA load of its CTA: the K block once (its own
-// transaction barrier: a CTA has one key block), then per step the Q tile and the dP (and P) tile of the CTA's
-// keys into the next stage of the stage pipeline, freed by each consumer warpgroup once its last product of
-// the step (dK reads Q) is complete. One warp copies each step's rows' LSE·log2e and D into the rows
-// pipeline beside the stage, so that the consumers read them from shared memory.
+// The producers of the key-block pass, walking the CTA's tiles (kb_scheduler.h). One thread issues every TMA
+// load of its CTA: per tile the K block, into the K buffer of its turn once that buffer's last reader (the
+// dQ product of the last step of the tile that used it) is complete; per step the Q tile and the dP (and P)
+// tile of the tile's keys into the next stage of the stage pipeline, freed by each consumer warpgroup once its
+// last product of the step (dK reads Q) is complete. The stages run on across tiles: the first stages of a
+// tile load while the consumers finish the previous one. One warp copies each step's rows' LSE·log2e and D
+// into the rows pipeline beside the stage, so that the consumers read them from shared memory.
 #pragma once
 
 #include "cuda/sm90/kb_config.h"
@@ -18,14 +20,13 @@ struct KbProducer {
   const typename Cfg::Params& params;
   typename Cfg::Storage& st;
 
-  // Runs on one thread.
+  // Runs on one thread. A tile without steps loads nothing (its dK is zero).
   template <class StagePipeline>
-  __device__ void run(StagePipeline& stage_pipe, const KbWork<Cfg>& work) {
-    if (work.steps == 0) return;  // (nothing may be left writing the shared memory of a CTA that exits)
+  __device__ void run(StagePipeline& stage_pipe) {
     const Problem& prob = params.prob;
     const auto& tma = params.tma;
     Tensor sQ = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQ{});   // (BM, D, ST)
-    Tensor sK = make_tensor(make_smem_ptr(st.k.data()), typename Cfg::SmemLayoutK{});   // (BN, D)
+    Tensor sK = make_tensor(make_smem_ptr(st.k.data()), typename Cfg::SmemLayoutKB{});  // (BN, D, KB)
     Tensor sdP = make_tensor(make_smem_ptr(st.dp.data()), typename Cfg::SmemLayoutP{});  // (BM, BN, ST)
     Tensor sP = make_tensor(make_smem_ptr(st.p.data()), typename Cfg::SmemLayoutP{});    // (BM, BN, ST), saved-P
     Tensor mQ = tma.q.get_tma_tensor(make_shape(int32_t(prob.Sq), HD{}, int32_t(prob.Hq), int32_t(prob.B)));
@@ -33,64 +34,79 @@ struct KbProducer {
     const auto probs = make_shape(int32_t(prob.Sq), int32_t(prob.Sk), int32_t(prob.Hq), int32_t(prob.B));
     Tensor mdP = tma.dp.get_tma_tensor(probs);
     Tensor mP = tma.p.get_tma_tensor(probs);
-    const int nb = int(work.n0 / Cfg::kBlockN);
-
-    // K of the block (keys past Sk arrive as zeros).
-    Cfg::TxBarrier::arrive_and_expect_tx(&st.k_full, Cfg::kKBytes);
-    Tensor gK = local_tile(mK(_, _, work.kv_head, work.b), Shape<BN, HD>{}, make_coord(nb, 0));  // (BN, D)
-    tma_load_tile(tma.k, st.k_full, gK, sK);
 
     auto state = cutlass::make_producer_start_state<StagePipeline>();
-    StepCursor at = work.first();
-    for (int t = 0; t < work.steps; ++t, ++state) {
-      const int64_t h = at.head;
-      const int mb = at.block;
-      work.advance(at);
-      stage_pipe.producer_acquire(state);  // expects the stage's bytes
-      auto* full = stage_pipe.producer_get_barrier(state);
-      const int stage = state.index();
-      Tensor gQ = local_tile(mQ(_, _, h, work.b), Shape<BM, HD>{}, make_coord(mb, 0));  // (BM, D)
-      tma_load_tile(tma.q, *full, gQ, sQ(_, _, stage));
-      Tensor gdP = local_tile(mdP(_, _, h, work.b), Shape<BM, BN>{}, make_coord(mb, nb));  // (BM, BN)
-      tma_load_tile(tma.dp, *full, gdP, sdP(_, _, stage));
-      if constexpr (Cfg::kSavedP) {
-        Tensor gP = local_tile(mP(_, _, h, work.b), Shape<BM, BN>{}, make_coord(mb, nb));  // (BM, BN)
-        tma_load_tile(tma.p, *full, gP, sP(_, _, stage));
+    int k_loads = 0;  // tiles with steps so far
+    auto scheduler = kb_scheduler<Cfg>(params);
+    for (KbTile tile; scheduler.next(tile);) {
+      const KbWork<Cfg> work(params.order, tile);
+      StepCursor at = work.first();
+      for (int t = 0; t < work.steps; ++t, ++state) {
+        const int64_t h = at.head;
+        const int mb = at.block;
+        work.advance(at);
+        stage_pipe.producer_acquire(state);  // expects the stage's bytes
+        auto* full = stage_pipe.producer_get_barrier(state);
+        const int stage = state.index();
+        Tensor gQ = local_tile(mQ(_, _, h, work.b), Shape<BM, HD>{}, make_coord(mb, 0));  // (BM, D)
+        tma_load_tile(tma.q, *full, gQ, sQ(_, _, stage));
+        Tensor gdP = local_tile(mdP(_, _, h, work.b), Shape<BM, BN>{}, make_coord(mb, work.nb));  // (BM, BN)
+        tma_load_tile(tma.dp, *full, gdP, sdP(_, _, stage));
+        if constexpr (Cfg::kSavedP) {
+          Tensor gP = local_tile(mP(_, _, h, work.b), Shape<BM, BN>{}, make_coord(mb, work.nb));  // (BM, BN)
+          tma_load_tile(tma.p, *full, gP, sP(_, _, stage));
+        }
+        if (t == 0) {
+          // K of the block (keys past Sk arrive as zeros), after the tile's first stage: with one K buffer
+          // the wait below lasts until the previous tile's last dQ product, and that stage need not wait
+          // with it.
+          const KBufferUse<Cfg> use(k_loads);
+          if (k_loads >= Cfg::kKBuffers) cutlass::arch::ClusterBarrier::wait(&st.k_empty[use.buffer], use.phase ^ 1);
+          ++k_loads;
+          Cfg::TxBarrier::arrive_and_expect_tx(&st.k_full[use.buffer], Cfg::kKBytes);
+          Tensor gK = local_tile(mK(_, _, work.kv_head, work.b), Shape<BN, HD>{}, make_coord(work.nb, 0));  // (BN, D)
+          tma_load_tile(tma.k, st.k_full[use.buffer], gK, sK(_, _, use.buffer));
+        }
       }
     }
   }
 };
 
-// The rows warp: per step, (LSE·log2e, D) of the step's 64 rows into the rows pipeline's slot of the step's
-// stage, two rows per lane; rows past Sq are (0, 0), LSE 0 in saved-P (which does not read it).
+// The rows warp: per step of each of the CTA's tiles, (LSE·log2e, D) of the step's 64 rows into the rows
+// pipeline's slot of the step's stage, two rows per lane; rows past Sq are (0, 0), LSE 0 in saved-P (which does
+// not read it).
 template <class Cfg>
 struct KbRows {
   const typename Cfg::Params& params;
   typename Cfg::Storage& st;
 
   template <class RowsPipeline>
-  __device__ void run(RowsPipeline& rows_pipe, const KbWork<Cfg>& work, int lane) {
+  __device__ void run(RowsPipeline& rows_pipe, int lane) {
     constexpr int kRowsPerLane = Cfg::kBlockM / 32;
     const Problem& prob = params.prob;
     auto state = cutlass::make_producer_start_state<RowsPipeline>();
-    StepCursor at = work.first();
-    for (int t = 0; t < work.steps; ++t, ++state) {
-      const int64_t m0 = int64_t(at.block) * Cfg::kBlockM;
-      const float* lse_rows = Cfg::kSavedP ? nullptr : params.lse.ptr + params.lse.offset(work.b, at.head, m0);
-      const float* delta_rows = params.delta.ptr + params.delta.offset(work.b, at.head, m0);
-      work.advance(at);
-      float2 v[kRowsPerLane];  // loaded before the slot is awaited
-      CUTE_UNROLL
-      for (int k = 0; k < kRowsPerLane; ++k) {
-        const int r = kRowsPerLane * lane + k;
-        const bool in = m0 + r < prob.Sq;
-        v[k] = make_float2(in && !Cfg::kSavedP ? lse_rows[r * params.lse.sr] * kLog2e : 0.0f,
-                           in ? delta_rows[r * params.delta.sr] : 0.0f);
+    auto scheduler = kb_scheduler<Cfg>(params);
+    for (KbTile tile; scheduler.next(tile);) {
+      const KbWork<Cfg> work(params.order, tile);
+      StepCursor at = work.first();
+      for (int t = 0; t < work.steps; ++t, ++state) {
+        const int64_t m0 = int64_t(at.block) * Cfg::kBlockM;
+        const float* lse_rows = Cfg::kSavedP ? nullptr : params.lse.ptr + params.lse.offset(work.b, at.head, m0);
+        const float* delta_rows = params.delta.ptr + params.delta.offset(work.b, at.head, m0);
+        work.advance(at);
+        float2 v[kRowsPerLane];  // loaded before the slot is awaited
+        CUTE_UNROLL
+        for (int k = 0; k < kRowsPerLane; ++k) {
+          const int r = kRowsPerLane * lane + k;
+          const bool in = m0 + r < prob.Sq;
+          v[k] = make_float2(in && !Cfg::kSavedP ? lse_rows[r * params.lse.sr] * kLog2e : 0.0f,
+                             in ? delta_rows[r * params.delta.sr] : 0.0f);
+        }
+        rows_pipe.producer_acquire(state);
+        CUTE_UNROLL
+        for (int k = 0; k < kRowsPerLane; ++k) st.rows[state.index()][kRowsPerLane * lane + k] = v[k];
+        rows_pipe.producer_commit(state);  // each lane's arrival releases its own writes
       }
-      rows_pipe.producer_acquire(state);
-      CUTE_UNROLL
-      for (int k = 0; k < kRowsPerLane; ++k) st.rows[state.index()][kRowsPerLane * lane + k] = v[k];
-      rows_pipe.producer_commit(state);  // each lane's arrival releases its own writes
     }
   }
 };

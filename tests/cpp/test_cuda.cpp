@@ -359,13 +359,13 @@ INSTANTIATE_TEST_SUITE_P(
 
 // The key-block pass at shapes with more key blocks than SMs, through the fp32 accumulator (rows of more than
 // 1024 keys) and with dQ added directly (up to 1024): an odd key-block count, GQA, and causal Sk > Sq, where
-// whole key blocks have no rows (their dK is zero). On 132 SMs the last two run persistent CTAs of up to five
-// tiles each (640 tiles; kb_launch.cuh), so that every K buffer is loaded again and its barriers' phases wrap
-// (two buffers with direct dQ, one with the accumulator), the steps' turns carry across tiles, and the tile
-// order has two sections of heads; causal Sk > Sq runs persistent too (tiles without steps among those with),
-// the other causal shapes one CTA per tile. Small shapes (the sanitizers' runs) keep two to four tiles per CTA.
-// Checked block by block (dQ by 64-row blocks, dK by 128-key blocks): one missing or misplaced tile among
-// hundreds would vanish in one Frobenius norm over the tensor.
+// whole key blocks have no rows (their dK is zero). On 132 SMs the last three run persistent CTAs of up to
+// five tiles each (640 tiles; kb_launch.cuh), so that every K buffer is loaded again and its barriers' phases
+// wrap (two buffers with direct dQ, in recompute and in saved-P, one with the accumulator), the steps' turns
+// carry across tiles, and the tile order has two sections of heads; causal Sk > Sq runs persistent too (tiles
+// without steps among those with), the other causal shapes one CTA per tile. Small shapes (the sanitizers'
+// runs) keep two to four tiles per CTA. Checked block by block (dQ by 64-row blocks, dK by 128-key blocks):
+// one missing or misplaced tile among hundreds would vanish in one Frobenius norm over the tensor.
 void expect_blocks_close(const char* name, const HostTensor& out, const std::vector<double>& ref, int64_t rows,
                          int64_t block_rows, int64_t d, double bound) {
   const std::vector<double> values = out.values();
@@ -432,6 +432,8 @@ INSTANTIATE_TEST_SUITE_P(
                            .variant = Variant::kSavedP},
                       Case{.B = 1, .Hq = small_shapes() ? 128 : 160, .Hk = small_shapes() ? 128 : 160, .Sq = 512,
                            .Sk = 512, .D = 128},
+                      Case{.B = 1, .Hq = small_shapes() ? 128 : 160, .Hk = small_shapes() ? 128 : 160, .Sq = 512,
+                           .Sk = 512, .D = 128, .variant = Variant::kSavedP},
                       Case{.B = 1, .Hq = small_shapes() ? 24 : 64, .Hk = small_shapes() ? 24 : 64, .Sq = 1160,
                            .Sk = 1160, .D = 128, .dtype = DType::kFloat16, .mask = Mask::kNone,
                            .variant = Variant::kSavedP}),

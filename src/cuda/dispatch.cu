@@ -82,13 +82,13 @@ bool sm90_direct_dq(const Problem& prob) {
 }  // namespace
 
 size_t workspace_size(const Problem& prob) {
-  return GenericWorkspace::of(prob).bytes(prob) + (sm90_shape(prob) ? dq_accum_bytes(prob) : 0);
+  return sm90_shape(prob) ? sm90_backward_workspace_bytes(prob, false) : GenericWorkspace::of(prob).bytes(prob);
 }
 
 size_t plan_workspace_size(const Problem& prob) {
   if (sm90_single_pass(prob)) return 0;  // it keeps everything on chip
   if (sm90_shape(prob) && sm90_tma_ready(prob) && sm90_direct_dq(prob)) {
-    return GenericWorkspace::of(prob).bytes(prob);  // no accumulator
+    return sm90_backward_workspace_bytes(prob, true);  // no accumulator
   }
   return workspace_size(prob);
 }

@@ -21,6 +21,17 @@ inline size_t dq_accum_bytes(const Problem& prob) {
   return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
 }
 
+// The key-block pass's tile counter (sm90/kb_scheduler.h), one int32 of the workspace: a call's own memory, so
+// that calls on different streams never share it. It takes a whole alignment unit, so that the accumulator
+// after it stays aligned.
+inline constexpr size_t kKbTileCounterBytes = kWorkspaceAlignment;
+
+// The two-pass backward's workspace: the generic row vectors (LSE, D), the tile counter, and the fp32
+// accumulator where dQ is not added straight into dQ.
+inline size_t sm90_backward_workspace_bytes(const Problem& prob, bool direct_dq) {
+  return GenericWorkspace::of(prob).bytes(prob) + kKbTileCounterBytes + (direct_dq ? 0 : dq_accum_bytes(prob));
+}
+
 namespace sm90 {
 
 // A (rows, d, head, batch) or (rows, cols, head, batch) view of an operand, as its TMA descriptor sees it.
@@ -66,7 +77,9 @@ Status run_sm90_backward(const Problem& prob, bool direct_dq, void* workspace, C
   constexpr int64_t kConvertBlocksMax = 4096;
 
   const generic::Params rows = generic_params(prob, workspace);
-  float* dq_accum = reinterpret_cast<float*>(static_cast<char*>(workspace) + GenericWorkspace::of(prob).bytes(prob));
+  char* const past_rows = static_cast<char*>(workspace) + GenericWorkspace::of(prob).bytes(prob);
+  int* const tile_counter = reinterpret_cast<int*>(past_rows);
+  float* const dq_accum = reinterpret_cast<float*>(past_rows + kKbTileCounterBytes);
   const auto [q, k, dp, p] = sm90::backward_views<Element, HD>(prob);
   const typename Cfg::Params params{
       prob,
@@ -77,22 +90,26 @@ Status run_sm90_backward(const Problem& prob, bool direct_dq, void* workspace, C
       rows.lse,
       rows.delta,
       rows.lse_given,
-      dq_target<Element>(prob, direct_dq, dq_accum)};
+      dq_target<Element>(prob, direct_dq, dq_accum),
+      tile_counter};
 
   const int64_t row_tiles = (prob.Sq + Cfg::kBlockM - 1) / Cfg::kBlockM * prob.B * prob.Hq;
   if (Status s = launch<Cfg>(sm90::rowstats_kernel<Cfg>, "sm90 row statistics", row_tiles, params, stream); !s.ok()) {
     return s;
   }
-  // The key-block pass adds into what the row statistics cleared; where that is the accumulator, the
-  // conversion scales it into dQ.
+  // The key-block pass adds into what the row statistics cleared and takes its tiles from the counter they set
+  // to 0 (kernels of one stream run in order: no memset, no synchronisation); where dQ went into the
+  // accumulator, the conversion scales it into dQ.
   constexpr int kD = Cfg::kHeadDim;
   const bool saved_p = prob.mode == BackwardMode::kSavedP;
   const sm90::DqTarget& target = params.dq_clear;
+  using sm90::KbConfig;  // (incomplete here: its kernels are instantiated in sm90_kb_*.cu)
   const Status s =
-      direct_dq ? (saved_p ? run_sm90_keyblock<sm90::KbConfig<Element, kD, true, true>>(prob, rows, target, stream)
-                           : run_sm90_keyblock<sm90::KbConfig<Element, kD, false, true>>(prob, rows, target, stream))
-                : (saved_p ? run_sm90_keyblock<sm90::KbConfig<Element, kD, true, false>>(prob, rows, target, stream)
-                           : run_sm90_keyblock<sm90::KbConfig<Element, kD, false, false>>(prob, rows, target, stream));
+      direct_dq
+          ? (saved_p ? run_sm90_keyblock<KbConfig<Element, kD, true, true>>(prob, rows, target, tile_counter, stream)
+                     : run_sm90_keyblock<KbConfig<Element, kD, false, true>>(prob, rows, target, tile_counter, stream))
+          : (saved_p ? run_sm90_keyblock<KbConfig<Element, kD, true, false>>(prob, rows, target, tile_counter, stream)
+                     : run_sm90_keyblock<KbConfig<Element, kD, false, false>>(prob, rows, target, tile_counter, stream));
   if (!s.ok() || direct_dq) return s;
   const int64_t items = prob.B * prob.Hq * ((prob.Sq + sm90::kConvertItemRows - 1) / sm90::kConvertItemRows);
   const int64_t blocks = std::min<int64_t>(items, kConvertBlocksMax);

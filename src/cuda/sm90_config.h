@@ -220,6 +220,7 @@ struct Config {
     generic::RowVec delta;  // D, written by the row statistics
     bool lse_given;
     DqTarget dq_clear;  // what the key-block pass adds dQ into, cleared here
+    int* kb_tile_counter;  // the key-block pass's tile counter, set to 0 here
   };
 };
 

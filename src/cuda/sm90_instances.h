@@ -45,11 +45,12 @@ Status run_sm90_forward(const Problem& prob, CUstream_st* stream);
 QKSOFTMAX_SM90_CONFIGS(QKSOFTMAX_DECLARE_SM90)
 #undef QKSOFTMAX_DECLARE_SM90
 
-// The key-block pass of the two-pass backward (after the row statistics): one instantiation per dtype, head
-// dimension, mode, and where dQ is added (straight into dQ, or into the fp32 accumulator).
+// The key-block pass of the two-pass backward (after the row statistics, which set its tile counter to 0): one
+// instantiation per dtype, head dimension, mode, and where dQ is added (straight into dQ, or into the fp32
+// accumulator).
 template <class KbCfg>
 Status run_sm90_keyblock(const Problem& prob, const generic::Params& rows, const sm90::DqTarget& target,
-                         CUstream_st* stream);
+                         int* tile_counter, CUstream_st* stream);
 #define QKSOFTMAX_SM90_KB_CONFIGS(X) \
   X(cutlass::bfloat16_t, 128, false) \
   X(cutlass::bfloat16_t, 128, true)  \
@@ -58,9 +59,9 @@ Status run_sm90_keyblock(const Problem& prob, const generic::Params& rows, const
 
 #define QKSOFTMAX_DECLARE_SM90_KB(T, HD, SAVED_P)                                                               \
   extern template Status run_sm90_keyblock<sm90::KbConfig<T, HD, SAVED_P, true>>(                               \
-      const Problem&, const generic::Params&, const sm90::DqTarget&, CUstream_st*);                              \
+      const Problem&, const generic::Params&, const sm90::DqTarget&, int*, CUstream_st*);                              \
   extern template Status run_sm90_keyblock<sm90::KbConfig<T, HD, SAVED_P, false>>(                              \
-      const Problem&, const generic::Params&, const sm90::DqTarget&, CUstream_st*);
+      const Problem&, const generic::Params&, const sm90::DqTarget&, int*, CUstream_st*);
 QKSOFTMAX_SM90_KB_CONFIGS(QKSOFTMAX_DECLARE_SM90_KB)
 #undef QKSOFTMAX_DECLARE_SM90_KB
 

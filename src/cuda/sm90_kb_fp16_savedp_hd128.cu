@@ -5,7 +5,7 @@
 
 namespace qksoftmax::cuda {
 template Status run_sm90_keyblock<sm90::KbConfig<cutlass::half_t, 128, true, true>>(
-    const Problem&, const generic::Params&, const sm90::DqTarget&, CUstream_st*);
+    const Problem&, const generic::Params&, const sm90::DqTarget&, int*, CUstream_st*);
 template Status run_sm90_keyblock<sm90::KbConfig<cutlass::half_t, 128, true, false>>(
-    const Problem&, const generic::Params&, const sm90::DqTarget&, CUstream_st*);
+    const Problem&, const generic::Params&, const sm90::DqTarget&, int*, CUstream_st*);
 }  // namespace qksoftmax::cuda

@@ -6,7 +6,8 @@
 //   saved-P:              D = Σ_j P_ij dP_ij (no product)
 // The four lanes of a quad share the rows of a wgmma accumulator: row sums end in quad shuffles.
 // It also clears its rows of what the key-block pass adds dQ into, the fp32 accumulator or dQ itself (a pass of
-// its own, a memset, cost more: measured in docs/PERFORMANCE.md, v7c).
+// its own, a memset, cost more: measured in docs/PERFORMANCE.md, v7c), and CTA 0 sets the key-block pass's tile
+// counter to 0 (sm90/kb_scheduler.h), the pass that follows on the stream seeing it as it sees the cleared dQ.
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -35,6 +36,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   const int64_t kv_head = h / prob.group();
   const int64_t steps = generic::col_blocks_for_rows<Cfg>(prob, m0);
   const bool leader = threadIdx.x == 0;
+  if (leader && blockIdx.x == 0) *params.kb_tile_counter = 0;
 
   Tensor sQ = make_tensor(make_smem_ptr(st.scores.q.data()), typename Cfg::SmemLayoutQ{});  // (BM, D), recompute
   Tensor sK = make_tensor(make_smem_ptr(st.scores.k.data()), typename Cfg::SmemLayoutK{});  // (BN, D, ST), recompute

@@ -112,6 +112,43 @@ TEST(DeviceIndex, TensorsDeclaredOnTwoDevicesAreRefused) {
 
 #if QKSOFTMAX_TEST_CUDA
 
+// The size query for tensors declared on the GPU (no GPU needed: the query looks at no pointer).
+size_t cuda_backward_workspace(const Case& c) {
+  HostTensor q(c.dtype, c.q_shape()), k(c.dtype, c.k_shape()), dp(c.dtype, c.probs_shape());
+  HostTensor p(c.dtype, c.probs_shape()), dq(c.dtype, c.q_shape()), dk(c.dtype, c.k_shape());
+  const auto on_cuda = [](const HostTensor& t) { return t.desc(nullptr, Device::kCUDA); };
+  const bool saved_p = c.variant == Variant::kSavedP;
+  const BackwardArgs args{on_cuda(q), on_cuda(k), on_cuda(dp), saved_p ? on_cuda(p) : TensorDesc{}, {},
+                          on_cuda(dq), on_cuda(dk)};
+  size_t bytes = 0;
+  EXPECT_TRUE(backward_workspace_size(args, c.options(), &bytes).ok());
+  return bytes;
+}
+
+// What the size query counts, by alignment unit: the row vectors (LSE unless saved-P, and D); for the two-pass Hopper
+// backward (16-bit, D = 128, more keys than the single pass takes, not deterministic) also the key-block pass's
+// tile counter, one unit, and the fp32 dQ accumulator; none of those where the single pass or the generic
+// kernels run.
+TEST(WorkspaceSize, TwoPassBackwardCountsTheTileCounter) {
+  const auto aligned = [](size_t bytes) {
+    return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
+  };
+  const Case two_pass{.B = 1, .Hq = 2, .Hk = 2, .Sq = 264, .Sk = 264, .D = 128};
+  const size_t vector = aligned(size_t(two_pass.B * two_pass.Hq * two_pass.Sq) * sizeof(float));
+  const size_t accumulator = aligned(size_t(two_pass.B * two_pass.Hq * two_pass.Sq * two_pass.D) * sizeof(float));
+  const size_t counter = kWorkspaceAlignment;
+  EXPECT_EQ(cuda_backward_workspace(two_pass), 2 * vector + counter + accumulator);
+  Case saved_p = two_pass;
+  saved_p.variant = Variant::kSavedP;
+  EXPECT_EQ(cuda_backward_workspace(saved_p), vector + counter + accumulator);
+  Case deterministic = two_pass;  // the single pass, which sums in a fixed order
+  deterministic.deterministic = true;
+  EXPECT_EQ(cuda_backward_workspace(deterministic), 2 * vector);
+  Case generic = two_pass;
+  generic.D = 64;
+  EXPECT_EQ(cuda_backward_workspace(generic), 2 * vector);
+}
+
 int device_count() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;

@@ -8,7 +8,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
+#include <random>
 #include <type_traits>
 #include <vector>
 
@@ -613,11 +615,10 @@ TEST(Sm90Layouts, KeyBlockStorage) {
   EXPECT_EQ(KbFp16SavedPAccum::kKBuffers, 1);
 }
 
-// (7) The persistent key-block pass's tiles (kb_scheduler.h): the CTAs of a grid, each walking tiles cta,
-// cta + grid, …, must between them take every (batch, key head, key block) once; the sections of heads are
-// contiguous, within the L2 budget unless one head alone exceeds it, as few as that allows and of equal width
-// (±1); within a section the order is longest first (steps never grow); and the launch's count of the most
-// loaded CTA's steps is the walk's.
+// (7) The persistent key-block pass's tiles (kb_scheduler.h): the order takes every (batch, key head, key block)
+// once; the sections of heads are contiguous, within the L2 budget unless one head alone exceeds it, as few as
+// that allows and of equal width (±1); within a section the order is longest first (steps never grow); and the
+// counter's claims, made by the CTAs in any order, hand every tile out once and then the end of work to each.
 struct KbShape {
   int64_t B, Hq, Hk, Sq, Sk;
   Mask mask;
@@ -631,7 +632,7 @@ KbBf16Recompute::TileOrder kb_tile_order(const KbShape& shape, int64_t head_byte
   return KbBf16Recompute::TileOrder::of(prob, head_bytes);
 }
 
-void check_kb_tile_order(const KbShape& shape, int64_t head_bytes, int grid) {
+void check_kb_tile_order(const KbShape& shape, int64_t head_bytes) {
   using Order = KbBf16Recompute::TileOrder;
   const Order order = kb_tile_order(shape, head_bytes);
   const int key_blocks = int((shape.Sk + KbBf16Recompute::kBlockN - 1) / KbBf16Recompute::kBlockN);
@@ -653,23 +654,15 @@ void check_kb_tile_order(const KbShape& shape, int64_t head_bytes, int grid) {
     for (int h = first; h < first + (s < order.wide_sections ? order.section : narrow); ++h) section_of[size_t(h)] = s;
   }
 
-  // Every tile taken once over the CTAs' walks; each CTA's steps.
+  // Every tile once in the order.
   std::vector<int> taken(size_t(order.tiles()), 0);
-  std::vector<int64_t> cta_steps(size_t(grid), 0);
-  int walked = 0;
-  for (int cta = 0; cta < grid; ++cta) {
-    KbScheduler<Order> scheduler(order, cta, grid);
-    for (KbTile tile; scheduler.next(tile); ++walked) {
-      ASSERT_TRUE(tile.b >= 0 && tile.b < shape.B && tile.kv_head >= 0 && tile.kv_head < shape.Hk && tile.nb >= 0 &&
-                  tile.nb < key_blocks);
-      ++taken[size_t((int64_t(tile.b) * shape.Hk + tile.kv_head) * key_blocks + tile.nb)];
-      cta_steps[size_t(cta)] += order.steps(tile.nb);
-    }
+  for (int i = 0; i < order.tiles(); ++i) {
+    const KbTile tile = order.tile(i);
+    ASSERT_TRUE(tile.b >= 0 && tile.b < shape.B && tile.kv_head >= 0 && tile.kv_head < shape.Hk && tile.nb >= 0 &&
+                tile.nb < key_blocks);
+    ++taken[size_t((int64_t(tile.b) * shape.Hk + tile.kv_head) * key_blocks + tile.nb)];
   }
-  EXPECT_EQ(walked, order.tiles());
-  EXPECT_EQ(std::count(taken.begin(), taken.end(), 1), int64_t(order.tiles())) << "tiles not taken exactly once";
-  EXPECT_EQ(order.most_cta_steps(grid), *std::max_element(cta_steps.begin(), cta_steps.end()))
-      << "the launch's count of the most loaded CTA's steps";
+  EXPECT_EQ(std::count(taken.begin(), taken.end(), 1), int64_t(order.tiles())) << "tiles not in the order once";
 
   // Sections one after the other, longest first within each, against the steps counted here from the mask.
   const int row_blocks = int((shape.Sq + KbBf16Recompute::kBlockM - 1) / KbBf16Recompute::kBlockM);
@@ -699,33 +692,60 @@ void check_kb_tile_order(const KbShape& shape, int64_t head_bytes, int grid) {
 
 TEST(Sm90Layouts, KeyBlockTileOrder) {
   constexpr int64_t kMiB = int64_t(1) << 20;
-  constexpr int kSms = 132;
-  // B8·H128·S1024 causal, direct dQ: 0.5 MB of Q and dQ per head, 16 sections of 64 heads.
-  check_kb_tile_order({8, 128, 128, 1024, 1024, Mask::kCausal}, kMiB / 2, kSms);
-  // Without the mask; GQA (4 query heads per key head) in three sections of 8 heads; five sections of 6 heads
-  // and one of 5.
-  check_kb_tile_order({2, 16, 16, 1000, 1000, Mask::kNone}, kMiB / 2, kSms);
-  check_kb_tile_order({3, 32, 8, 777, 1200, Mask::kCausal}, 3 * kMiB, 7);
-  check_kb_tile_order({5, 7, 7, 2048, 2048, Mask::kCausal}, 5 * kMiB, kSms);
-  // Causal with Sk > Sq: key blocks without steps (dK zero), last in each section.
-  check_kb_tile_order({2, 4, 2, 200, 1000, Mask::kCausal}, kMiB, 3);
-  // Fewer tiles than CTAs; one head larger than the budget (sections of one head); one CTA for all.
-  check_kb_tile_order({1, 1, 1, 100, 300, Mask::kCausal}, kMiB, kSms);
-  check_kb_tile_order({2, 3, 3, 4096, 4096, Mask::kCausal}, 64 * kMiB, 5);
-  check_kb_tile_order({2, 6, 3, 512, 640, Mask::kCausal}, kMiB, 1);
+  // B8·H128·S1024 causal, direct dQ: 0.5 MB of Q and dQ per head, 64 sections of 16 heads.
+  check_kb_tile_order({8, 128, 128, 1024, 1024, Mask::kCausal}, kMiB / 2);
+  // Without the mask, two sections of 16 heads; GQA (4 query heads per key head) in 12 sections of 2 heads; five
+  // sections of 6 heads and one of 5.
+  check_kb_tile_order({2, 16, 16, 1000, 1000, Mask::kNone}, kMiB / 2);
+  check_kb_tile_order({3, 32, 8, 777, 1200, Mask::kCausal}, 3 * kMiB);
+  check_kb_tile_order({5, 7, 7, 2048, 2048, Mask::kCausal}, 4 * kMiB / 3);
+  // Causal with Sk > Sq: key blocks without steps (dK zero), last in the one section.
+  check_kb_tile_order({2, 4, 2, 200, 1000, Mask::kCausal}, kMiB);
+  // One head larger than the budget (sections of one head); one tile.
+  check_kb_tile_order({2, 3, 3, 4096, 4096, Mask::kCausal}, 64 * kMiB);
+  check_kb_tile_order({1, 1, 1, 100, 100, Mask::kCausal}, kMiB);
 }
 
-// The grid: persistent where the static walk keeps the CTAs within the set-up they save of an even share
-// (B8·H128·S1024 causal: 62 tiles of 2–16 steps per CTA), one CTA per tile where a CTA's few tiles differ
-// too much (B1·H16·S16384 causal: 15.5 tiles of 2–256 steps per CTA in sections of two heads).
-TEST(Sm90Layouts, KeyBlockPersistentGrid) {
-  constexpr int64_t kMiB = int64_t(1) << 20;
+// The counter's hand-out (kb_claimed_tile): CTA c starts on tile c; each tile a CTA runs costs it one claim, made in
+// any order among the CTAs; between them they take every tile once, each CTA's last claim is the end of work
+// (the order's tile count), and the counter ends at the tile count (so it never overflows 31 bits). Also with
+// more CTAs than tiles, which the launch never makes: the CTAs past the last tile run none and claim nothing.
+void check_kb_hand_out(int tiles, int grid, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int> current(size_t(grid), 0);  // each CTA's tile
+  std::vector<int> running;  // CTAs with a tile
+  std::vector<int> taken(size_t(tiles), 0);
+  for (int c = 0; c < grid; ++c) {
+    current[size_t(c)] = c;
+    if (c < tiles) running.push_back(c);
+  }
+  int counter = 0;
+  while (!running.empty()) {
+    const size_t k = size_t(std::uniform_int_distribution<size_t>(0, running.size() - 1)(rng));
+    const int c = running[k];
+    ASSERT_LT(current[size_t(c)], tiles);
+    ++taken[size_t(current[size_t(c)])];
+    current[size_t(c)] = kb_claimed_tile(counter++, grid, tiles);
+    if (current[size_t(c)] >= tiles) {
+      EXPECT_EQ(current[size_t(c)], tiles) << "the end of work is the tile count";
+      running.erase(running.begin() + std::ptrdiff_t(k));
+    }
+  }
+  EXPECT_EQ(std::count(taken.begin(), taken.end(), 1), int64_t(tiles)) << "tiles not handed out once";
+  EXPECT_EQ(counter, tiles) << "claims other than one per tile run";
+}
+
+TEST(Sm90Layouts, KeyBlockHandOut) {
   constexpr int kSms = 132;
-  EXPECT_TRUE(kb_tile_order({8, 128, 128, 1024, 1024, Mask::kCausal}, kMiB / 2).persistent_pays(kSms));
-  EXPECT_TRUE(kb_tile_order({8, 128, 128, 1024, 1024, Mask::kNone}, kMiB / 2).persistent_pays(kSms));
-  EXPECT_FALSE(kb_tile_order({1, 16, 16, 16384, 16384, Mask::kCausal}, 12 * kMiB).persistent_pays(kSms));
-  // Equal tiles, 1.2 per CTA: the static walk is as even as any hand-out.
-  EXPECT_TRUE(kb_tile_order({1, 16, 16, 1160, 1160, Mask::kNone}, kMiB).persistent_pays(kSms));
+  check_kb_hand_out(8192, kSms, 1);  // B8·H128·S1024: 62 tiles per CTA
+  check_kb_hand_out(640, kSms, 2);   // the GPU tests' 640-tile cases
+  check_kb_hand_out(133, kSms, 3);   // one CTA takes a second tile
+  check_kb_hand_out(kSms, kSms, 4);  // a tile each: every claim is the end
+  check_kb_hand_out(5, 7, 5);        // more CTAs than tiles
+  check_kb_hand_out(1, 1, 6);
+  // Near 2^31 − 1 tiles the claim's sum would overflow 32 bits: it is the end of work.
+  EXPECT_EQ(kb_claimed_tile(INT_MAX - 10, kSms, INT_MAX - 5), INT_MAX - 5);
+  EXPECT_EQ(kb_claimed_tile(INT_MAX - 200, kSms, INT_MAX - 5), INT_MAX - 200 + kSms);
 }
 
 }  // namespace

@@ -3,14 +3,16 @@
 // kernel. It runs after the row statistics (sm90_rowstats.cuh), which give each row's LSE and D.
 //
 // A tile is a block of 128 keys of a (batch, key head); the row blocks of 64 rows of every query head of the
-// group stream through. The CTAs are persistent, one per SM (where that pays: kb_launch.cuh), each walking its
-// tiles in the scheduler's order (kb_scheduler.h, longest first); every role walks the same tiles, and the
-// pipelines, the barriers' phases and the steps' turns run on across tiles, so that a tile's loads stream in
-// under the previous tile's last steps and its dQ reduce-adds under the next tile's first. Per CTA:
-//   warpgroup 0    producer: warp 0 (one thread) issues the TMA loads (K once per tile into one of kKBuffers
-//                  buffers; Q, dP[, P] per step into the stage pipeline); warp 1 copies the step's rows' LSE·log2e
-//                  and D into the rows pipeline; warp 2 (one thread) reduce-adds each step's dQ partial by TMA
-//                  (16-bit into dQ, or fp32 into the accumulator);
+// group stream through. The CTAs are persistent, one per SM, each taking its next tile from a counter in the
+// workspace as it comes free (kb_scheduler.h: the order longest first in sections of heads). The load thread
+// claims the tiles and hands each index to the other roles through the tile ring in shared memory, so that every
+// role walks the same tiles; the pipelines, the barriers' phases and the steps' turns run on across tiles, so
+// that a tile's loads stream in under the previous tile's last steps and its dQ reduce-adds under the next
+// tile's first. Per CTA:
+//   warpgroup 0    producer: warp 0 (one thread) claims the tiles and issues the TMA loads (K once per tile into
+//                  one of kKBuffers buffers; Q, dP[, P] per step into the stage pipeline); warp 1 copies the
+//                  step's rows' LSE·log2e and D into the rows pipeline; warp 2 (one thread) reduce-adds each
+//                  step's dQ partial by TMA (16-bit into dQ, or fp32 into the accumulator);
 //   warpgroups 1-2 consumers, 64 keys each: Sᵀ = K_w Qᵀ with K_w from registers (RS, keys on the wgmma's M),
 //                  dSᵀ = Pᵀ ∘ (dPᵀ − D) in registers, dK += dSᵀ Q from those registers (RS), dS into shared
 //                  memory; the dQ partial = dS K over the CTA's 128 keys (SS, N = D) by one consumer per step,
@@ -184,6 +186,16 @@ struct KbConfig {
   using StagePipeline = cutlass::PipelineTmaAsync<kStages>;
   using RowsPipeline = cutlass::PipelineAsync<kStages>;  // a step's LSE·log2e and D, beside its stage
   using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+  // The tile ring: the index of each tile the CTA takes, published by the load thread when it starts the tile's
+  // loads and read by every other role when it starts the tile (KbTileWriter, KbTileReader). The load thread
+  // runs up to kStages steps ahead of the consumers and the dQ warp a step behind them, so with tiles of a step
+  // or more the indices in use span at most kStages + 2 tiles' starts: four slots keep the load thread from
+  // waiting on the ring but where it runs through tiles without steps, which load nothing.
+  static constexpr int kTileSlots = 4;
+  using TilePipeline = cutlass::PipelineAsync<kTileSlots>;
+  // The ring's readers, each of which releases a slot once it has read it: every lane of the rows and dQ warps
+  // and every consumer thread.
+  static constexpr int kTileReaders = 32 + 32 + kConsumerThreads;
 
 
   // Each tile starts on a 1024-byte boundary, the period of the 128-byte swizzle.
@@ -199,6 +211,8 @@ struct KbConfig {
     alignas(16) float2 rows[kStages][kBlockM];
     typename StagePipeline::SharedStorage stage_pipe;
     typename RowsPipeline::SharedStorage rows_pipe;
+    typename TilePipeline::SharedStorage tile_pipe;
+    int tile_index[kTileSlots];  // by slot of the tile ring: an index of the order, or the order's tiles at the end
     alignas(8) uint64_t k_full[kKBuffers_];   // K of a tile loaded (TMA's transaction count)
     alignas(8) uint64_t k_empty[kKBuffers_];  // its last reader, the tile's last dQ product, complete
   };
@@ -230,6 +244,7 @@ struct KbConfig {
     generic::RowVec lse;    // recompute: log-sum-exp of each row
     generic::RowVec delta;  // D of each row
     TileOrder order;
+    int* tile_counter;  // in the workspace, set to 0 by the row statistics: the claims so far (kb_scheduler.h)
   };
 };
 
@@ -252,11 +267,86 @@ struct KbWork {
   __device__ void advance(StepCursor& at) const { at.advance(first_row_block, row_blocks); }
 };
 
-// The CTA's walk over its tiles (kb_scheduler.h), the same for every role.
-template <class Cfg>
-__device__ KbScheduler<typename Cfg::TileOrder> kb_scheduler(const typename Cfg::Params& params) {
-  return {params.order, int(blockIdx.x), int(gridDim.x)};
+__device__ inline void store_shared_s32(uint32_t addr, int v) {
+  asm volatile("st.shared.s32 [%0], %1;" : : "r"(addr), "r"(v) : "memory");
 }
+__device__ inline int load_shared_s32(uint32_t addr) {
+  int v;
+  asm volatile("ld.shared.s32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+
+// The load thread's side of the tile ring: it takes the CTA's first tile, its own index, without the counter,
+// publishes every index it takes (the end of work, the order's tiles, included, so that every reader stops),
+// and claims the next one (one atomicAdd) at the start of its current tile's last step: late, so that a CTA
+// holds a claim on a tile it has not begun for as little as the claim's latency needs (a claim made a whole
+// tile early, as at a tile's start, widens the tiles in flight and leaves a CTA with a tile that an idle one
+// could have taken at the end), and early enough that the atomic's round trip (~1 µs at most) passes under the
+// wait for that step's stage and the consumers' remaining steps.
+template <class Cfg>
+class KbTileWriter {
+ public:
+  using TilePipeline = typename Cfg::TilePipeline;
+  __device__ KbTileWriter(const typename Cfg::Params& params, typename Cfg::Storage& st) : params_(params), st_(st) {}
+
+  __device__ int first() const { return int(blockIdx.x); }
+
+  // Publishes `index` to the readers; whether it is a tile (not the end of work).
+  __device__ bool publish(int index) {
+    typename TilePipeline::Params role;
+    role.role = TilePipeline::ThreadCategory::Producer;
+    TilePipeline pipe(st_.tile_pipe, role, cute::false_type{});  // (initialised by the kernel)
+    // The producer's k-th slot: it starts on the opposite phase of the empty barriers, which are free.
+    const typename TilePipeline::PipelineState state(published_ % Cfg::kTileSlots,
+                                                     ((published_ / Cfg::kTileSlots) & 1) ^ 1, published_);
+    ++published_;
+    pipe.producer_acquire(state);
+    store_shared_s32(smem_addr(&st_.tile_index[state.index()]), index);
+    pipe.producer_commit(state);  // its arrival releases the store
+    return index < params_.order.tiles();
+  }
+
+  // The index of the CTA's next tile (kb_claimed_tile).
+  __device__ int claim() const {
+    return kb_claimed_tile(atomicAdd(params_.tile_counter, 1), int(gridDim.x), params_.order.tiles());
+  }
+
+ private:
+  const typename Cfg::Params& params_;
+  typename Cfg::Storage& st_;
+  int published_ = 0;  // indices published so far (the view and state are rebuilt from it, as the readers')
+};
+
+// A reader's side of the tile ring (the rows warp, the dQ warp, the consumers): the CTA's tiles in the order the
+// load thread took them, each slot released as soon as it is read. It keeps only the count of indices read: the
+// pipeline's view and state are rebuilt from it at each tile, so that nothing of it stays in registers through
+// the consumers' steps (which use every register ptxas gives them).
+template <class Cfg>
+class KbTileReader {
+ public:
+  using TilePipeline = typename Cfg::TilePipeline;
+  __device__ KbTileReader(const typename Cfg::Params& params, typename Cfg::Storage& st) : params_(params), st_(st) {}
+
+  // The next tile into `tile`; false at the end of work.
+  __device__ bool next(KbTile& tile) {
+    typename TilePipeline::Params role;
+    role.role = TilePipeline::ThreadCategory::Consumer;
+    TilePipeline pipe(st_.tile_pipe, role, cute::false_type{});  // (initialised by the kernel)
+    const typename TilePipeline::PipelineState state(read_ % Cfg::kTileSlots, (read_ / Cfg::kTileSlots) & 1, read_);
+    ++read_;
+    pipe.consumer_wait(state);
+    const int index = load_shared_s32(smem_addr(&st_.tile_index[state.index()]));
+    pipe.consumer_release(state);
+    if (index >= params_.order.tiles()) return false;
+    tile = params_.order.tile(index);
+    return true;
+  }
+
+ private:
+  const typename Cfg::Params& params_;
+  typename Cfg::Storage& st_;
+  int read_ = 0;  // indices read so far
+};
 
 // Which of the kKBuffers K buffers the CTA's k-th K load (k counts tiles with steps) goes into, and the
 // phase of that buffer's barriers in that use.

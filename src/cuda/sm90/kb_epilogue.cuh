@@ -11,12 +11,12 @@
 
 namespace qksoftmax::cuda::sm90 {
 
-// The dQ warp: per step t of the CTA (counted over its tiles), once the consumer of its turn has written
-// buffer t mod 2 (its full barrier), one thread reduce-adds it; the buffer is handed back (its empty barrier)
-// once the reduce-add has read it, awaited a step later so that the two buffers' reduce-adds overlap the
-// consumers' work, and announced when step t + 1 comes, which writes it next: a named barrier must not be
-// left with arrivals at the kernel's end, and the warp learns that another step follows (of this tile or a
-// later one) only when it reaches it.
+// The dQ warp: per step t of the CTA (counted over its tiles, read from the tile ring), once the consumer of its
+// turn has written buffer t mod 2 (its full barrier), one thread reduce-adds it; the buffer is handed back (its
+// empty barrier) once the reduce-add has read it, awaited a step later so that the two buffers' reduce-adds
+// overlap the consumers' work, and announced when step t + 1 comes, which writes it next: a named barrier must
+// not be left with arrivals at the kernel's end, and the warp learns that another step follows (of this tile or
+// a later one) only when it reaches it.
 template <class Cfg>
 struct KbDqWriter {
   using BM = typename Cfg::BM;
@@ -29,8 +29,8 @@ struct KbDqWriter {
     constexpr int kBuffers = Cfg::kBuffers;
     Tensor mdQ = params.tma_dq.get_tma_tensor(make_shape(int32_t(prob.Sq), HD{}, int32_t(prob.Hq), int32_t(prob.B)));
     int t = 0;  // the CTA's steps so far
-    auto scheduler = kb_scheduler<Cfg>(params);
-    for (KbTile tile; scheduler.next(tile);) {
+    KbTileReader<Cfg> tiles(params, st);
+    for (KbTile tile; tiles.next(tile);) {
       const KbWork<Cfg> work(params.order, tile);
       StepCursor at = work.first();
       for (int i = 0; i < work.steps; ++i, ++t) {

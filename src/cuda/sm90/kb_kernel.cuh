@@ -1,9 +1,10 @@
 // The key-block pass's kernel: roles by warpgroup (producer warpgroup: loads, rows, dQ reduce-adds; two
 // consumers) with setmaxnreg, the stage pipeline (CUTLASS PipelineTmaAsync: Q, dP[, P] by TMA), the rows
-// pipeline (PipelineAsync: LSE·log2e and D of a step's rows) and K's barriers (full: a transaction barrier per
-// K buffer; empty: the consumers' hand-back). Persistent, not a cluster: each CTA (one per SM, or one per tile:
-// kb_launch.cuh) walks its tiles (kb_scheduler.h), each role on its own copy of the walk; barriers are
-// initialised once and their phases, like the pipelines' states, run on across tiles.
+// pipeline (PipelineAsync: LSE·log2e and D of a step's rows), the tile ring (PipelineAsync: the index of each
+// tile the load thread takes, for the other roles) and K's barriers (full: a transaction barrier per K buffer;
+// empty: the consumers' hand-back). Persistent, not a cluster: each CTA (one per SM, or one per tile where there
+// are fewer: kb_launch.cuh) takes tiles from the tile counter until it is past the last (kb_scheduler.h);
+// barriers are initialised once and their phases, like the pipelines' states, run on across tiles.
 #pragma once
 
 #include <cutlass/arch/reg_reconfig.h>
@@ -20,6 +21,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     kb_kernel(CUTE_GRID_CONSTANT const typename Cfg::Params params) {
   using StagePipeline = typename Cfg::StagePipeline;
   using RowsPipeline = typename Cfg::RowsPipeline;
+  using TilePipeline = typename Cfg::TilePipeline;
   extern __shared__ __align__(1024) char kb_smem[];  // the swizzled tiles need a 1024-byte-aligned base
   auto& st = *reinterpret_cast<typename Cfg::Storage*>(kb_smem);
 
@@ -42,6 +44,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   rows_params.producer_arv_count = 32;  // every lane of the rows warp
   rows_params.consumer_arv_count = Cfg::kConsumerThreads;
   RowsPipeline rows_pipe(st.rows_pipe, rows_params);
+
+  typename TilePipeline::Params tile_params;
+  const bool tile_reader = warpgroup > 0 || warp == Cfg::kRowsWarp || warp == Cfg::kDqWarp;
+  tile_params.role = leader        ? TilePipeline::ThreadCategory::Producer
+                     : tile_reader ? TilePipeline::ThreadCategory::Consumer
+                                   : TilePipeline::ThreadCategory::NonParticipant;
+  tile_params.producer_arv_count = 1;  // the load thread
+  tile_params.consumer_arv_count = Cfg::kTileReaders;
+  TilePipeline tile_pipe(st.tile_pipe, tile_params);  // (initialises the barriers; the roles build their own views)
 
   if (leader) {
     for (int b = 0; b < Cfg::kKBuffers; ++b) {

@@ -1,12 +1,15 @@
 // Host side of the key-block pass: the step loads, the reduce-add into what the row statistics
 // cleared (dQ itself or the fp32 accumulator: DqTarget), the tile order (kb_scheduler.h) and the grid: one
-// persistent CTA per SM, or one CTA per tile (a key block of 128 keys of a (batch, key head)) where there are no
-// more tiles than SMs or the static walk would leave the CTAs uneven.
+// persistent CTA per SM, or one per tile (a key block of 128 keys of a (batch, key head)) where there are fewer
+// tiles. The CTAs take their tiles from the tile counter in the workspace, which the row statistics set to 0
+// before: with the tiles handed out as CTAs come free, a grid of one CTA per SM is as even as the tiles allow
+// (the order ends with its shortest tiles), whatever their lengths.
 // run_sm90_backward (sm90_backward_launch.cuh) calls it after the row statistics.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <string>
 
@@ -31,7 +34,7 @@ typename KbCfg::Loads kb_loads(const Problem& prob) {
 
 template <class KbCfg>
 Status run_sm90_keyblock(const Problem& prob, const generic::Params& rows, const sm90::DqTarget& target,
-                         CUstream_st* stream) {
+                         int* tile_counter, CUstream_st* stream) {
   using namespace cute;
   using DqElement = typename KbCfg::DqElement;
   constexpr const char* kName = "sm90 key-block pass";
@@ -53,12 +56,10 @@ Status run_sm90_keyblock(const Problem& prob, const generic::Params& rows, const
                                       make_tma_copy(SM90_TMA_REDUCE_ADD{}, into, typename KbCfg::SmemLayoutdQ{}),
                                       rows.lse,
                                       rows.delta,
-                                      KbCfg::TileOrder::of(prob, head_bytes)};
-  // Persistent CTAs where their static walk keeps them even (kb_scheduler.h); otherwise a CTA per tile, handed
-  // out by the hardware in the same order as SMs come free.
-  const int64_t resident = int64_t(device->sm_count) * KbCfg::kCtasPerSm;
-  const bool persistent = tiles > resident && params.order.persistent_pays(int(resident));
-  const int64_t grid = persistent ? resident : tiles;
+                                      KbCfg::TileOrder::of(prob, head_bytes),
+                                      tile_counter};
+  // No more CTAs than tiles: each CTA's first tile is its own index (kb_claimed_tile).
+  const int64_t grid = std::min<int64_t>(tiles, int64_t(device->sm_count) * KbCfg::kCtasPerSm);
   return launch<KbCfg>(sm90::kb_kernel<KbCfg>, kName, grid, params, stream);
 }
 

@@ -1,4 +1,4 @@
-// The consumer warpgroups of the key-block pass, walking the CTA's tiles (kb_scheduler.h). Consumer w owns keys
+// The consumer warpgroups of the key-block pass, walking the CTA's tiles from the tile ring. Consumer w owns keys
 // [n0 + 64w, n0 + 64w + 64) of the tile's block (Sᵀ, dS, dK), K_w in registers (loaded at the tile's start
 // from the tile's K buffer), and the dQ product of every other step (t mod 2 = w, t counting the CTA's steps
 // over its tiles, so that the turns alternate across a tile's end). Per 64-row step t:
@@ -186,8 +186,8 @@ struct KbMainloop {
     auto rows_state = typename RowsPipeline::PipelineState{};
     int g = 0;        // the CTA's steps so far: g mod 2 picks the dS and dQ buffers and the dQ product's consumer
     int k_loads = 0;  // tiles with steps so far
-    auto scheduler = kb_scheduler<Cfg>(params);
-    for (KbTile tile; scheduler.next(tile);) {
+    KbTileReader<Cfg> tiles(params, st);
+    for (KbTile tile; tiles.next(tile);) {
       const KbWork<Cfg> work(params.order, tile);
       const int64_t n0w = work.n0 + int64_t(w) * kHalf;  // this consumer's first key
       const KBufferUse<Cfg> k_use(k_loads);

@@ -1,10 +1,12 @@
-// The producers of the key-block pass, walking the CTA's tiles (kb_scheduler.h). One thread issues every TMA
-// load of its CTA: per tile the K block, into the K buffer of its turn once that buffer's last reader (the
-// dQ product of the last step of the tile that used it) is complete; per step the Q tile and the dP (and P)
-// tile of the tile's keys into the next stage of the stage pipeline, freed by each consumer warpgroup once its
-// last product of the step (dK reads Q) is complete. The stages run on across tiles: the first stages of a
-// tile load while the consumers finish the previous one. One warp copies each step's rows' LSE·log2e and D
-// into the rows pipeline beside the stage, so that the consumers read them from shared memory.
+// The producers of the key-block pass. One thread takes the CTA's tiles (kb_scheduler.h: its first by its
+// index, each next one claimed from the tile counter), publishes each into the tile ring for the other roles
+// (KbTileWriter), and issues every TMA load of its CTA: per tile the K block, into the K buffer of its turn
+// once that buffer's last reader (the dQ product of the last step of the tile that used it) is complete; per
+// step the Q tile and the dP (and P) tile of the tile's keys into the next stage of the stage pipeline, freed by
+// each consumer warpgroup once its last product of the step (dK reads Q) is complete. The stages run on across
+// tiles: the first stages of a tile load while the consumers finish the previous one. One warp copies each
+// step's rows' LSE·log2e and D into the rows pipeline beside the stage, so that the consumers read them from
+// shared memory; it reads the tiles from the ring like the consumers.
 #pragma once
 
 #include "cuda/sm90/kb_config.h"
@@ -37,14 +39,19 @@ struct KbProducer {
 
     auto state = cutlass::make_producer_start_state<StagePipeline>();
     int k_loads = 0;  // tiles with steps so far
-    auto scheduler = kb_scheduler<Cfg>(params);
-    for (KbTile tile; scheduler.next(tile);) {
-      const KbWork<Cfg> work(params.order, tile);
+    KbTileWriter<Cfg> tiles(params, st);
+    for (int index = tiles.first(); tiles.publish(index);) {
+      const KbWork<Cfg> work(params.order, params.order.tile(index));
+      if (work.steps == 0) index = tiles.claim();
       StepCursor at = work.first();
+      // Not unrolled: the claim's result and the steps' coordinates, in unrolled copies, outgrow the producer
+      // warpgroup's kProducerRegs registers.
+#pragma unroll 1
       for (int t = 0; t < work.steps; ++t, ++state) {
         const int64_t h = at.head;
         const int mb = at.block;
         work.advance(at);
+        if (t + 1 == work.steps) index = tiles.claim();  // (its latency under the wait below)
         stage_pipe.producer_acquire(state);  // expects the stage's bytes
         auto* full = stage_pipe.producer_get_barrier(state);
         const int stage = state.index();
@@ -72,9 +79,9 @@ struct KbProducer {
   }
 };
 
-// The rows warp: per step of each of the CTA's tiles, (LSE·log2e, D) of the step's 64 rows into the rows
-// pipeline's slot of the step's stage, two rows per lane; rows past Sq are (0, 0), LSE 0 in saved-P (which does
-// not read it).
+// The rows warp: per step of each of the CTA's tiles (from the tile ring), (LSE·log2e, D) of the step's 64 rows
+// into the rows pipeline's slot of the step's stage, two rows per lane; rows past Sq are (0, 0), LSE 0 in saved-P
+// (which does not read it).
 template <class Cfg>
 struct KbRows {
   const typename Cfg::Params& params;
@@ -85,8 +92,8 @@ struct KbRows {
     constexpr int kRowsPerLane = Cfg::kBlockM / 32;
     const Problem& prob = params.prob;
     auto state = cutlass::make_producer_start_state<RowsPipeline>();
-    auto scheduler = kb_scheduler<Cfg>(params);
-    for (KbTile tile; scheduler.next(tile);) {
+    KbTileReader<Cfg> tiles(params, st);
+    for (KbTile tile; tiles.next(tile);) {
       const KbWork<Cfg> work(params.order, tile);
       StepCursor at = work.first();
       for (int t = 0; t < work.steps; ++t, ++state) {

@@ -1,38 +1,44 @@
-// The persistent tile scheduler of the key-block pass (FlashAttention-3's static scheduler with its L2-sized
-// sections of heads). A tile is a block of 128 keys nb of a (batch, key head); the launch runs one CTA per SM
-// (or fewer where there are fewer tiles) and CTA c takes tiles c, c + grid, c + 2·grid, … of one order:
-//   - in sections of heads whose shared data fits in L2: the key blocks of one (batch, key head) read the
-//     same Q and add into the same dQ rows. Taken nb-major over all heads, a head's next key block would
-//     come B·Hk tiles later, its Q and dQ long evicted (at B8·H128·S1024 causal: 1024 tiles apart, ~0.3 GB of
-//     Q and dP read in between); a section of heads whose Q and dQ fit keeps them in L2 between its key
-//     blocks. The sections are of equal width (±1 head): a narrow last one would put its long tiles last.
+// The tile scheduler of the key-block pass: FlashAttention-3's dynamic persistent scheduler, with its L2-sized
+// sections of heads. A tile is a block of 128 keys nb of a (batch, key head); the launch runs one CTA per SM
+// (or one per tile where there are fewer tiles) and each CTA takes the next tile of one order from a counter
+// in device memory as it comes free: CTA c's first tile is c, and after that each CTA's claim (one atomicAdd,
+// kb_claimed_tile) is the tile `grid` past the counter's old value. The tiles in flight are then always about
+// `grid` consecutive tiles of the order, whatever their lengths (a static walk, CTA c taking c, c + grid, …,
+// let the CTAs that drew short tiles run ahead, spreading the tiles in flight over many heads), and the CTAs
+// finish together where the order ends with short tiles. The order:
+//   - in sections of heads: the key blocks of one (batch, key head) read the same Q and add into the same dQ
+//     rows. Taken nb-major over all heads, a head's next key block would come B·Hk tiles later, its Q and dQ
+//     long evicted (at B8·H128·S1024 causal: 1024 tiles apart, ~0.3 GB of Q and dP read in between); in a
+//     section whose tiles are about one window of tiles in flight, a head's key blocks run at nearly the same
+//     time and its Q and dQ rows stay in L2 between them (kKbSectionL2Bytes). The sections are of equal width
+//     (±1 head): a narrow last one would put its long tiles last.
 //   - longest first within a section: with a causal mask key block nb has fewer steps the larger nb is (the
-//     row blocks above it see none of it), so the tiles go by nb ascending, then by (batch, key head); a
-//     section ends with its short tiles, and the last one's (last of all those without a step: causal, Sk > Sq,
-//     key blocks that no row sees) even out the CTAs' finishing times. Without the mask all tiles are equal.
-// A static walk cannot even out tiles of very different lengths when each CTA takes only a few (long causal
-// rows over few heads); there the launch gives every tile a CTA of its own (persistent_pays), which the
-// hardware hands out in this order as SMs come free.
+//     row blocks above it see none of it), so the tiles go by nb ascending, then by (batch, key head); the last
+//     section ends with its short tiles (last of all those without a step: causal, Sk > Sq, key blocks that no
+//     row sees), which even out the CTAs' finishing times. Without the mask all tiles are equal.
 #pragma once
 
 #include <cute/config.hpp>
 
 #include <algorithm>
 #include <cstdint>
-#include <vector>
 
 #include "problem.h"
 
 namespace qksoftmax::cuda::sm90 {
 
-// What the tiles of a section's heads may keep in L2 between them: 32 MB of the H200's 50 MB (the share
-// FlashAttention-3 gives its sections' K and V), the rest left to the dP and Q tiles streaming through.
-constexpr int64_t kKbSectionL2Bytes = int64_t(32) << 20;
-
-// What a tile costs beyond its steps when it has a CTA of its own, and the persistent CTAs save (the CTA's
-// launch, its barriers' set-up, its first loads' latency, its last reduce-add's drain), in steps: ~2 µs against
-// ~2 µs per step, an estimate until measured.
-constexpr int64_t kKbTileSetupSteps = 1;
+// What a section's heads share through L2 (Q and the dQ target of each): 8 MB, so that a section holds about
+// one window of tiles in flight. The counter hands out ~grid consecutive tiles at a time, and a tile claimed
+// early runs while later ones are claimed: at B8·H128·S1024 causal (8 key blocks of 2–16 steps, ~2.1 µs per
+// step, 1185 µs for the pass's 8192 tiles: one claim per 0.145 µs), a 16-step tile runs ~34 µs, ~235 claims,
+// so the tiles in flight span ~235 consecutive tiles. A section of 8 MB / head_bytes heads (head_bytes =
+// group·Sq·D·(2 + 2) bytes with bf16 dQ added directly: 512 KB at Sq = 1024, 16 heads, 128 tiles; the same
+// 128 tiles at any Sq = Sk, head_bytes and key blocks growing together) puts each head's 8 key blocks within
+// 128 consecutive tiles, all in flight together: the span touches ~235 / 8 + 16 ≈ 45 heads, ~22 MB of Q and
+// dQ, beside the dP and K tiles that stream through the H200's 60 MB of L2 once each. Sections of 32 MB (64
+// heads, a head's first and last key blocks 448 tiles apart) put ~4 key blocks of each of 64–128 heads in such
+// a span, 32–64 MB: under the static walk, which spread the span further, the loads hit L2 16 % of the time.
+constexpr int64_t kKbSectionL2Bytes = int64_t(8) << 20;
 
 struct KbTile {
   int b, kv_head, nb;  // batch, key head, block of keys
@@ -90,67 +96,13 @@ struct KbTileOrder {
     return first < row_blocks ? first : row_blocks;
   }
   CUTE_HOST_DEVICE int steps(int nb) const { return (row_blocks - first_row_block(nb)) * group; }
-
-  // The most steps that one of `grid` CTAs takes in the static walk (host). The tiles of one nb in one section
-  // (a level) are consecutive in the order and of equal steps: every CTA takes width / grid of them, and a
-  // cyclic run of width mod grid CTAs one more, counted in a difference array.
-  int64_t most_cta_steps(int grid) const {
-    std::vector<int64_t> more(size_t(grid) + 1, 0);
-    int64_t every = 0;  // steps that every CTA takes
-    int64_t start = 0;  // order index of the level's first tile
-    for (int s = 0, first = 0; first < heads; ++s) {
-      const int width = s < wide_sections ? section : section - 1;
-      for (int nb = 0; nb < key_blocks; ++nb, start += width) {
-        const int64_t level_steps = steps(nb);
-        every += level_steps * (width / grid);
-        const int rest = width % grid;
-        const int from = int((start + width - rest) % grid), to = from + rest;
-        more[size_t(from)] += level_steps;
-        more[size_t(std::min(to, grid))] -= level_steps;
-        if (to > grid) {  // the run wraps to the first CTAs
-          more[0] += level_steps;
-          more[size_t(to - grid)] -= level_steps;
-        }
-      }
-      first += width;
-    }
-    int64_t most = 0, at = 0;
-    for (int c = 0; c < grid; ++c) most = std::max(most, at += more[size_t(c)]);
-    return every + most;
-  }
-
-  // Whether `grid` persistent CTAs (fewer than the tiles) finish before one CTA per tile would (host): the
-  // static walk's most loaded CTA may exceed what the hardware's hand-out of one CTA per tile in this order,
-  // longest first, nears (the mean of the steps per CTA, the longest tile, or the CTA's share of tiles at the
-  // shortest) by less than the set-up that the persistent CTAs save.
-  bool persistent_pays(int grid) const {
-    int64_t total = 0;
-    for (int nb = 0; nb < key_blocks; ++nb) total += int64_t(steps(nb)) * heads;
-    const int64_t share = (int64_t(tiles()) + grid - 1) / grid;
-    const int64_t bound = std::max({(total + grid - 1) / grid, int64_t(steps(0)), share * steps(key_blocks - 1)});
-    return (most_cta_steps(grid) - bound) * grid <= kKbTileSetupSteps * tiles();
-  }
 };
 
-// CTA `cta` of `grid`: tiles cta, cta + grid, … of the order. Every role of the CTA walks its own copy, so all
-// see the same tiles without exchanging them.
-template <class Order>
-class KbScheduler {
- public:
-  CUTE_HOST_DEVICE KbScheduler(const Order& order, int cta, int grid) : order_(order), next_(cta), grid_(grid) {}
-
-  // The next tile into `tile`; false when none is left.
-  CUTE_HOST_DEVICE bool next(KbTile& tile) {
-    if (next_ >= order_.tiles()) return false;
-    tile = order_.tile(int(next_));
-    next_ += grid_;
-    return true;
-  }
-
- private:
-  const Order& order_;
-  int64_t next_;  // (past the last tile by up to the grid: 64 bits)
-  int grid_;
-};
+// The tile that a claim takes (host and device): the counter's old value `claim` (the row statistics set it to 0;
+// each CTA claims once per tile it runs, so it ends at `tiles` and never overflows) is the tile `grid` past it,
+// the CTAs' first tiles being their own indices; past the last tile, `tiles`, the end of work.
+CUTE_HOST_DEVICE int kb_claimed_tile(int claim, int grid, int tiles) {
+  return int64_t(claim) + grid < tiles ? claim + grid : tiles;
+}
 
 }  // namespace qksoftmax::cuda::sm90

@@ -419,6 +419,11 @@ TEST_P(GpuKeyBlocks, EveryBlock) {
   expect_gpu_matches_cpu_by_blocks(GetParam(), kRowBlock, kKeyBlock);
 }
 
+// The key-block pass's CTAs (one per SM) take tiles from the tile counter: 160 tiles (S = 1160, 16 heads) give a
+// few CTAs a second tile; 256 to 640 tiles (S = 1016 with 32 heads, S = 512 with 128–160 heads, S = 1160 with
+// 24–64 heads) give each CTA several, in recompute and saved-P, bf16 and fp16, dQ added directly (Sk <= 1024) and
+// through the accumulator; Sk > Sq causal (136 × 1160, 200 × 1000) gives mostly tiles without steps, which the
+// load thread runs through ahead of the others.
 INSTANTIATE_TEST_SUITE_P(
     Items, GpuKeyBlocks,
     ::testing::Values(Case{.B = 1, .Hq = 16, .Hk = 16, .Sq = 1160, .Sk = 1160, .D = 128},
@@ -436,7 +441,10 @@ INSTANTIATE_TEST_SUITE_P(
                            .Sk = 512, .D = 128, .variant = Variant::kSavedP},
                       Case{.B = 1, .Hq = small_shapes() ? 24 : 64, .Hk = small_shapes() ? 24 : 64, .Sq = 1160,
                            .Sk = 1160, .D = 128, .dtype = DType::kFloat16, .mask = Mask::kNone,
-                           .variant = Variant::kSavedP}),
+                           .variant = Variant::kSavedP},
+                      Case{.B = 1, .Hq = small_shapes() ? 24 : 64, .Hk = small_shapes() ? 24 : 64, .Sq = 1160,
+                           .Sk = 1160, .D = 128},
+                      Case{.B = 4, .Hq = 32, .Hk = 8, .Sq = 200, .Sk = 1000, .D = 128, .variant = Variant::kSavedP}),
     param_name);
 
 // The single pass with many more (batch, key head) items than resident clusters, so that each cluster walks

@@ -67,11 +67,20 @@ __device__ void kb_store_dk(const typename Cfg::Params& params, int w, const Acc
   const int64_t key0 = work.n0 + int64_t(w) * Cfg::kHalf;
   const bool negate = kb_dq_negated<Cfg>(prob);
   Element* dk = static_cast<Element*>(dk_op.ptr) + dk_op.offset(work.b, work.kv_head, key0, 0);
-  CUTE_UNROLL
-  for (int i = 0; i < size(tdKrdK); i += 2) {  // an accumulator holds pairs of adjacent columns
-    const int c = get<0>(tdKcdK(i)), d = get<1>(tdKcdK(i));
-    const float x = negate ? -tdKrdK(i) : tdKrdK(i), y = negate ? -tdKrdK(i + 1) : tdKrdK(i + 1);
-    if (key0 + c < prob.Sk) store_converted(dk + c * dk_op.sr + d, x, y, vector);
+  // Compiled twice: where every key of the block is below Sk and a pair takes one 4-byte store (the common
+  // case), without a check or a branch per pair (they were half of the epilogue's instructions).
+  const auto store = [&](auto whole) {
+    CUTE_UNROLL
+    for (int i = 0; i < size(tdKrdK); i += 2) {  // an accumulator holds pairs of adjacent columns
+      const int c = get<0>(tdKcdK(i)), d = get<1>(tdKcdK(i));
+      const float x = negate ? -tdKrdK(i) : tdKrdK(i), y = negate ? -tdKrdK(i + 1) : tdKrdK(i + 1);
+      if (whole || key0 + c < prob.Sk) store_converted(dk + c * dk_op.sr + d, x, y, whole || vector);
+    }
+  };
+  if (vector && key0 + Cfg::kHalf <= prob.Sk) {
+    store(std::true_type{});
+  } else {
+    store(std::false_type{});
   }
 }
 

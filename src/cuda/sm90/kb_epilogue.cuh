@@ -1,5 +1,5 @@
 // The epilogues of the key-block pass: each step's dQ partial (64 rows × D, from the consumer whose turn the
-// step was) reduce-added by one TMA from the step's staging buffer into dQ (16 bits, scaled) or the fp32
+// step was) reduce-added by one TMA from the step's staging buffer into dQ (16 bits) or the fp32
 // accumulator (the dQ warp: not deterministic, the adds of different CTAs land in any order); dK stored by the
 // consumers from their accumulators at the end.
 #pragma once

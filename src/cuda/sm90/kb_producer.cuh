@@ -89,8 +89,9 @@ struct KbRows {
       for (int k = 0; k < kRowsPerLane; ++k) {
         const int r = kRowsPerLane * lane + k;
         const bool in = m0 + r < prob.Sq;
-        const float lse2 = prob.scale == 0.0f ? INFINITY : lse_rows[r * params.lse.sr] * kLog2e - lse2_shift;
-        v[k] = make_float2(in && !Cfg::kSavedP ? lse2 : 0.0f, in ? delta_rows[r * params.delta.sr] * delta_scale : 0.0f);
+        float lse2 = 0.0f;  // read only for a row below Sq in recompute (saved-P has no LSE)
+        if (!Cfg::kSavedP && in) lse2 = prob.scale == 0.0f ? INFINITY : lse_rows[r * params.lse.sr] * kLog2e - lse2_shift;
+        v[k] = make_float2(lse2, in ? delta_rows[r * params.delta.sr] * delta_scale : 0.0f);
       }
       rows_pipe.producer_acquire(state);
       CUTE_UNROLL

@@ -90,7 +90,9 @@ struct KbRows {
         const int r = kRowsPerLane * lane + k;
         const bool in = m0 + r < prob.Sq;
         float lse2 = 0.0f;  // read only for a row below Sq in recompute (saved-P has no LSE)
-        if (!Cfg::kSavedP && in) lse2 = prob.scale == 0.0f ? INFINITY : lse_rows[r * params.lse.sr] * kLog2e - lse2_shift;
+        if (!Cfg::kSavedP && in) {
+          lse2 = prob.scale == 0.0f ? INFINITY : lse_rows[r * params.lse.sr] * kLog2e - lse2_shift;
+        }
         v[k] = make_float2(lse2, in ? delta_rows[r * params.delta.sr] * delta_scale : 0.0f);
       }
       rows_pipe.producer_acquire(state);

@@ -49,6 +49,17 @@ struct KeyRange {
   constexpr bool cuts(int64_t m0, int rows, int64_t n0, int width) const {
     return n0 + width > col_end(m0) || m0 + rows > Sq;
   }
+  // Whether no row of [m0, m0 + rows) sees a key from n0 on (col_end grows with the row: the last row below Sq
+  // decides; a tile of rows past Sq sees none).
+  constexpr bool sees_none(int64_t m0, int rows, int64_t n0) const {
+    const int64_t last = std::min(m0 + rows, Sq) - 1;
+    return last < m0 || col_end(last) <= n0;
+  }
+  // Whether the causal diagonal alone cuts the tile (no row past Sq, no column past Sk): then row m0 + r sees
+  // column n0 + c exactly where c − r ≤ m0 − n0.
+  constexpr bool diagonal_only(int64_t m0, int rows, int64_t n0, int width) const {
+    return causal && m0 + rows <= Sq && n0 + width <= Sk;
+  }
 };
 
 struct Problem {

@@ -101,6 +101,22 @@ struct SumOp {
   __device__ float operator()(float a, float b) const { return a + b; }
 };
 
+// How the mask and the problem's edges (KeyRange) cut a tile: not at all, by the causal diagonal alone (one
+// compare per element), or row by row (each row's count of columns).
+enum class BlockCut { kNone, kDiagonal, kRows };
+
+// Calls f(std::integral_constant<BlockCut, cut>{}): the element-wise code compiled once per kind of cut.
+template <class F>
+__device__ inline void with_cut(BlockCut cut, F&& f) {
+  if (cut == BlockCut::kNone) {
+    f(std::integral_constant<BlockCut, BlockCut::kNone>{});
+  } else if (cut == BlockCut::kDiagonal) {
+    f(std::integral_constant<BlockCut, BlockCut::kDiagonal>{});
+  } else {
+    f(std::integral_constant<BlockCut, BlockCut::kRows>{});
+  }
+}
+
 // Calls f(std::true_type) where a tile has masked elements and f(std::false_type) where it has none, so
 // that only the tiles that need them pay for the per-element compares.
 template <class F>
@@ -133,26 +149,31 @@ CUTE_HOST_DEVICE bool aligned_rows(const Operand& op, int64_t elements) {
   return reinterpret_cast<uintptr_t>(op.ptr) % uintptr_t(elements * sizeof(Element)) == 0 && op.sr % elements == 0 &&
          op.sh % elements == 0 && op.sb % elements == 0;
 }
-// Scaled values converted to 16 bits and stored at out[0..n): one store where `vector`, else one per element.
+// Values converted to 16 bits and stored at out[0..n): one store where `vector`, else one per element.
 template <class Element>
-__device__ inline void store_scaled(Element* out, float x, float y, float scale, bool vector) {
+__device__ inline void store_converted(Element* out, float x, float y, bool vector) {
   if (vector) {
-    const Element v[2] = {Element(x * scale), Element(y * scale)};
+    const Element v[2] = {Element(x), Element(y)};
     *reinterpret_cast<uint32_t*>(out) = reinterpret_cast<const uint32_t&>(v);
   } else {
-    out[0] = Element(x * scale);
-    out[1] = Element(y * scale);
+    out[0] = Element(x);
+    out[1] = Element(y);
   }
 }
 template <class Element>
-__device__ inline void store_scaled(Element* out, float4 v, float scale, bool vector) {
+__device__ inline void store_converted(Element* out, float4 v, bool vector) {
   if (vector) {
-    const Element e[4] = {Element(v.x * scale), Element(v.y * scale), Element(v.z * scale), Element(v.w * scale)};
+    const Element e[4] = {Element(v.x), Element(v.y), Element(v.z), Element(v.w)};
     *reinterpret_cast<uint2*>(out) = reinterpret_cast<const uint2&>(e);
   } else {
-    store_scaled(out, v.x, v.y, scale, false);
-    store_scaled(out + 2, v.z, v.w, scale, false);
+    store_converted(out, v.x, v.y, false);
+    store_converted(out + 2, v.z, v.w, false);
   }
+}
+// The same, scaled first.
+template <class Element>
+__device__ inline void store_scaled(Element* out, float x, float y, float scale, bool vector) {
+  store_converted(out, x * scale, y * scale, vector);
 }
 
 // The row statistics of the two-pass backward (sm90_rowstats.cuh): the forward's pass-1 shape, two CTAs per

@@ -109,10 +109,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
   }
   if (need_scores) Barrier::wait(&st.q_full, 0);
 
+  // The step's stage and the phase of its barrier, carried rather than divided out of t (64-bit divisions
+  // were 30 instructions per warp and step).
+  int stage = 0;
+  uint32_t phase = 0;
   for (int64_t t = 0; t < steps; ++t) {
     if (leader && t + 1 < steps) issue_step(t + 1);
-    const int stage = int(t % Cfg::kStages);
-    Barrier::wait(&st.stage_full[stage], uint32_t((t / Cfg::kStages) & 1));
+    Barrier::wait(&st.stage_full[stage], phase);
     const int64_t n0 = t * kBlockN;
 
     Tensor tSrS = partition_fragment_C(mma_s, Shape<BM, BN>{});  // (MMA, MMA_M, MMA_N) fp32
@@ -126,12 +129,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     Tensor tSrdP_rc = make_tensor(tSrdP.data(), rowcol(tSrdP.layout()));                   // (rows, cols)
     Tensor tSrP_rc = make_tensor(tSrP.data(), rowcol(tSrP.layout()));                      // (rows, cols)
 
-    // Only the tiles that the mask or the last row cuts pay for per-element compares.
-    with_mask(keys.cuts(m0, Cfg::kBlockM, n0, kBlockN), [&](auto mask) {
+    // Only the tiles that the mask or the last row cuts pay for per-element compares, one per element where the
+    // causal diagonal alone cuts the tile (column − row ≤ m0 − n0 there, within [−kBlockN, kBlockM]).
+    const int diagonal = int(cute::max(cute::min(m0 - n0, int64_t(Cfg::kBlockM)), int64_t(-kBlockN)));
+    const BlockCut cut = !keys.cuts(m0, Cfg::kBlockM, n0, kBlockN)                 ? BlockCut::kNone
+                         : keys.diagonal_only(m0, Cfg::kBlockM, n0, kBlockN) ? BlockCut::kDiagonal
+                                                                              : BlockCut::kRows;
+    with_cut(cut, [&](auto kind) {
+      constexpr BlockCut kCut = decltype(kind)::value;
       CUTE_UNROLL
       for (int ri = 0; ri < kRows; ++ri) {
-        const int limit = mask ? keys.cols_in(m0 + get<0>(tScS_rc(ri, 0)), n0, kBlockN) : kBlockN;
-        const auto keep = [&](int ci) { return !mask || get<1>(tScS_rc(ri, ci)) < limit; };
+        const int r = get<0>(tScS_rc(ri, 0));
+        const int limit = kCut == BlockCut::kRows ? keys.cols_in(m0 + r, n0, kBlockN) : kBlockN;
+        const auto keep = [&](int ci) {
+          const int c = get<1>(tScS_rc(ri, ci));
+          return kCut == BlockCut::kNone ? true : kCut == BlockCut::kDiagonal ? c - r <= diagonal : c < limit;
+        };
         float v[kCols], w[kCols];  // this thread's terms of the row, reduced as trees
         if (!online) {  // P is known (saved, or from the given LSE): D accumulates directly
           CUTE_UNROLL
@@ -158,6 +171,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
       }
     });
     __syncthreads();  // the stage is free for the next TMA
+    if (++stage == Cfg::kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
   }
 
   // The dQ rows of this block, cleared after the loop (no fence of the loop waits for the stores).

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "problem.h"
 #include "reference.h"
 #include "test_util.h"
 
@@ -174,6 +175,39 @@ TEST(Cpu, ForwardWithoutLse) {
   ASSERT_TRUE(forward({in.q.desc(), in.k.desc(), p.desc(), {}}, c.options(), nullptr, 0, nullptr).ok());
   const reference::Forward fwd = reference::forward(dims_of(c), in.q.values(), in.k.values());
   expect_close("p", p, fwd.p, cpu_bound(c.dtype));
+}
+
+// The kinds of cut the Hopper kernels pick per tile (KeyRange::cuts, sees_none, diagonal_only) against the
+// count of columns each row sees (cols_in), at tiles on and off the diagonal and the edges of Sq and Sk.
+TEST(KeyRangeCuts, AgreeWithEachRowsColumns) {
+  constexpr int kRows = 8, kWidth = 4;
+  for (const bool causal : {false, true}) {
+    for (const int64_t sq : {1, 7, 8, 13, 16}) {
+      for (const int64_t sk : {1, 5, 8, 12, 16}) {
+        const KeyRange keys{causal, sq, sk};
+        for (int64_t m0 = 0; m0 < sq; m0 += 4) {
+          for (int64_t n0 = 0; n0 < sk; n0 += 2) {
+            bool cut = false, none = true, diagonal = causal;
+            for (int r = 0; r < kRows; ++r) {
+              const int64_t i = m0 + r;
+              const int seen = keys.cols_in(i, n0, kWidth);
+              cut = cut || seen < kWidth;
+              none = none && seen == 0;
+              for (int c = 0; c < kWidth; ++c) {  // where the diagonal alone would cut: c − r ≤ m0 − n0
+                diagonal = diagonal && (c < seen) == (c - r <= m0 - n0);
+              }
+            }
+            SCOPED_TRACE(testing::Message() << "causal " << causal << " Sq " << sq << " Sk " << sk << " m0 " << m0
+                                            << " n0 " << n0);
+            EXPECT_EQ(keys.cuts(m0, kRows, n0, kWidth), cut);
+            EXPECT_EQ(keys.sees_none(m0, kRows, n0), none);
+            // diagonal_only promises the diagonal's rule; where it says so, that rule must hold
+            if (keys.diagonal_only(m0, kRows, n0, kWidth)) EXPECT_TRUE(diagonal);
+          }
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -207,6 +207,17 @@ std::vector<Case> sweep() {
   for (double scale : {0.3, 2.0}) {
     cases.push_back({.B = 1, .Hq = 2, .Hk = 1, .Sq = 128, .Sk = 128, .D = 128, .scale = scale});
   }
+  // The two-pass backward folds the scale into dS (in recompute its magnitude, the sign left to dQ and dK): a
+  // negative scale and one above 1, with dQ added directly and through the accumulator (rows out of TMA's reach).
+  for (double scale : {-0.7, 2.0}) {
+    for (Layout out : {Layout::kOddPaddedRows, Layout::kPaddedRows}) {
+      for (Variant variant : kAllVariants) {
+        cases.push_back({.B = 1, .Hq = 2, .Hk = 1, .Sq = 264, .Sk = 264, .D = 128,
+                         .dtype = kAllDTypes[index % 2], .variant = variant, .scale = scale, .out_layout = out});
+        ++index;
+      }
+    }
+  }
   return cases;
 }
 

@@ -203,7 +203,7 @@ inline std::string case_name(const Case& c) {
                      variant_name(c.variant) + "_B" + std::to_string(c.B) + "_H" + std::to_string(c.Hq) + "x" +
                      std::to_string(c.Hk) + "_S" + std::to_string(c.Sq) + "x" + std::to_string(c.Sk) + "_D" +
                      std::to_string(c.D) + "_" + layout_name(c.layout);
-  if (c.scale) name += "_scale" + std::to_string(int(*c.scale * 1000));
+  if (c.scale) name += std::string(*c.scale < 0 ? "_scale_minus" : "_scale") + std::to_string(int(std::abs(*c.scale) * 1000));
   if (c.deterministic) name += "_deterministic";
   if (c.out_layout) name += std::string("_out_") + layout_name(*c.out_layout);
   return name;

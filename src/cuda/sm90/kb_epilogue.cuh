@@ -1,5 +1,5 @@
 // The epilogues of the key-block pass: each step's dQ partial (64 rows × D, from the consumer whose turn the
-// step was) reduce-added by one TMA from the step's staging buffer into dQ (16 bits, scaled) or the fp32
+// step was) reduce-added by one TMA from the step's staging buffer into dQ (16 bits) or the fp32
 // accumulator (the dQ warp: not deterministic, the adds of different CTAs land in any order), its steps
 // counted over all the CTA's tiles so that a tile's last reduce-adds run under the next tile's first steps;
 // dK stored by the consumers from their accumulators at each tile's end.
@@ -55,8 +55,15 @@ struct KbDqWriter {
   }
 };
 
-// dK of a tile = scale · the accumulator of consumer w, at its keys below Sk (zeros for a block without steps);
-// on the GPU the last dimension has stride 1 (validate.cpp).
+// Whether the dQ partials and dK are the negated products: recompute's dS carries |scale| (KbRows), the sign
+// of a negative scale is left to them.
+template <class Cfg>
+__device__ inline bool kb_dq_negated(const Problem& prob) {
+  return !Cfg::kSavedP && prob.scale < 0.0f;
+}
+
+// dK of a tile = the accumulator of consumer w (its dS carried the scale; kb_dq_negated), at its keys below Sk
+// (zeros for a block without steps); on the GPU the last dimension has stride 1 (validate.cpp).
 template <class Cfg, class Acc, class Coord>
 __device__ void kb_store_dk(const typename Cfg::Params& params, int w, const Acc& tdKrdK, const Coord& tdKcdK,
                             const KbWork<Cfg>& work) {
@@ -65,11 +72,22 @@ __device__ void kb_store_dk(const typename Cfg::Params& params, int w, const Acc
   const Operand dk_op = prob.dk;
   const bool vector = aligned_rows<Element>(dk_op, 2);
   const int64_t key0 = work.n0 + int64_t(w) * Cfg::kHalf;
+  const bool negate = kb_dq_negated<Cfg>(prob);
   Element* dk = static_cast<Element*>(dk_op.ptr) + dk_op.offset(work.b, work.kv_head, key0, 0);
-  CUTE_UNROLL
-  for (int i = 0; i < size(tdKrdK); i += 2) {  // an accumulator holds pairs of adjacent columns
-    const int c = get<0>(tdKcdK(i)), d = get<1>(tdKcdK(i));
-    if (key0 + c < prob.Sk) store_scaled(dk + c * dk_op.sr + d, tdKrdK(i), tdKrdK(i + 1), prob.scale, vector);
+  // Compiled twice: where every key of the block is below Sk and a pair takes one 4-byte store (the common
+  // case), without a check or a branch per pair (they were half of the epilogue's instructions).
+  const auto store = [&](auto whole) {
+    CUTE_UNROLL
+    for (int i = 0; i < size(tdKrdK); i += 2) {  // an accumulator holds pairs of adjacent columns
+      const int c = get<0>(tdKcdK(i)), d = get<1>(tdKcdK(i));
+      const float x = negate ? -tdKrdK(i) : tdKrdK(i), y = negate ? -tdKrdK(i + 1) : tdKrdK(i + 1);
+      if (whole || key0 + c < prob.Sk) store_converted(dk + c * dk_op.sr + d, x, y, whole || vector);
+    }
+  };
+  if (vector && key0 + Cfg::kHalf <= prob.Sk) {
+    store(std::true_type{});
+  } else {
+    store(std::false_type{});
   }
 }
 

@@ -2,13 +2,15 @@
 // [n0 + 64w, n0 + 64w + 64) of the tile's block (Sᵀ, dS, dK), K_w in registers (loaded at the tile's start
 // from the tile's K buffer), and the dQ product of every other step (t mod 2 = w, t counting the CTA's steps
 // over its tiles, so that the turns alternate across a tile's end). Per 64-row step t:
-//   element-wise: dPᵀ (and Pᵀ) by ldmatrix.trans; dSᵀ = Pᵀ ∘ (dPᵀ − D), P = 2^(S·scale·log2e − LSE·log2e)
-//   with LSE·log2e and D of the step's rows from the rows pipeline, rounded to 16 bits, masked only where the
-//   tile is cut; dS into the step's dS buffer by stmatrix.trans. Meanwhile the tensor pipe runs the other
-//   consumer's products and, after its turn, this one's dQ product of step t − 1;
+//   element-wise: dSᵀ · |scale| = Pᵀ · |scale| ∘ (dPᵀ − D), P · |scale| = 2^(S·scale·log2e − LSE·log2e +
+//   log2|scale|), with dPᵀ (and Pᵀ) by ldmatrix.trans and the step's rows' terms from the rows pipeline
+//   (saved-P: dSᵀ · scale = Pᵀ ∘ (dPᵀ·scale − D·scale)), rounded to 16 bits, masked only where the tile is cut;
+//   dS into the step's dS buffer by stmatrix.trans. dS carrying the scale, the dQ partials and dK are not
+//   scaled (in recompute their sign is flipped where the scale is negative). Meanwhile the tensor pipe runs the
+//   other consumer's products and, after its turn, this one's dQ product of step t − 1;
 //   then it is awaited (wait 0) and:
 //   Sᵀ(t + 1) = K_w Q(t + 1)ᵀ (recompute) and dK += dSᵀ Q (both A operands from registers) issued; after its
-//   turn, the dQ partial of step t − 1 scaled, rounded and stored into its staging buffer for the dQ warp's
+//   turn, the dQ partial of step t − 1 rounded and stored into its staging buffer for the dQ warp's
 //   reduce-add; then on its turn: the other consumer's dS of step t awaited (dS barrier t mod 2, which the other
 //   arrives at, without waiting, once its dS is stored and its own dQ product of step t − 1 is complete), the
 //   dQ partial = dS K (all of D, the CTA's 128 keys) issued and left in flight into step t + 1. Sᵀ(t + 1) and dK
@@ -123,49 +125,71 @@ struct KbMainloop {
       warpgroup_commit_batch();
     };
 
-    // dSᵀ of the step from row m0 at this consumer's keys from n0w (its LSE and D in slot `slot` of the rows
-    // pipeline): Sᵀ in tSrS (recompute) or Pᵀ in tSrP (saved-P), dPᵀ in tSrdP. Only a tile that the mask, Sk or
-    // Sq cuts pays for per-element compares.
+    // dSᵀ · scale of the step from row m0 at this consumer's keys from n0w (what the rows pipeline holds of its
+    // rows in slot `slot`, the scale folded in: KbRows): Sᵀ in tSrS (recompute) or Pᵀ in tSrP (saved-P), dPᵀ in
+    // tSrdP. Per element only where the block is cut, and cheaply where the causal diagonal alone cuts it (a step
+    // in six at S = 1024); a block that no row sees is zero without any of it.
     const auto dst_of = [&](const FragS& tSrS, const FragS16& tSrP, const FragS16& tSrdP, FragS16& tSrdS,
                             int slot, int64_t m0, int64_t n0w) {
       Tensor tSrS_rc = make_tensor(tSrS.data(), rowcol(tSrS.layout()));     // (keys, rows)
       Tensor tSrP_rc = make_tensor(tSrP.data(), rowcol(tSrP.layout()));     // (keys, rows), saved-P
       Tensor tSrdP_rc = make_tensor(tSrdP.data(), rowcol(tSrdP.layout()));  // (keys, rows)
       Tensor tSrdS_rc = make_tensor(tSrdS.data(), rowcol(tSrdS.layout()));  // (keys, rows)
+      if (keys.sees_none(m0, kBlockM, n0w)) {
+        fill(tSrdS, Element(0.0f));
+        return;
+      }
       const uint32_t rows = rows_base + uint32_t(slot) * kRowsStageBytes;
-      with_mask(keys.cuts(m0, kBlockM, n0w, kHalf), [&](auto mask) {
+      // key − row ≤ diagonal where the diagonal alone cuts (m0 − n0w, in [−kHalf, kBlockM] there)
+      const int diagonal = int(cute::max(cute::min(m0 - n0w, int64_t(kBlockM)), int64_t(-kHalf)));
+      const BlockCut cut = !keys.cuts(m0, kBlockM, n0w, kHalf)                 ? BlockCut::kNone
+                           : keys.diagonal_only(m0, kBlockM, n0w, kHalf) ? BlockCut::kDiagonal
+                                                                              : BlockCut::kRows;
+      with_cut(cut, [&](auto kind) {
+        constexpr BlockCut kCut = decltype(kind)::value;
         CUTE_UNROLL
         for (int ci = 0; ci < kRows; ++ci) {
           const int r = get<1>(tScS_rc(0, ci));
           const float2 lse2_delta = load_shared_f2(rows + uint32_t(r) * uint32_t(sizeof(float2)));
-          const int end = mask ? keys.cols_in(m0 + r, n0w, kHalf) : kHalf;  // keys of this consumer row r sees
+          // keys of this consumer that row r sees, where the rows differ otherwise
+          const int end = kCut == BlockCut::kRows ? keys.cols_in(m0 + r, n0w, kHalf) : kHalf;
           CUTE_UNROLL
           for (int ki = 0; ki < kKeys; ++ki) {
-            const float p = kSavedP ? float(tSrP_rc(ki, ci)) : exp2_fast(tSrS_rc(ki, ci) * scale_log2 - lse2_delta.x);
-            const bool keep = !mask || get<0>(tScS_rc(ki, ci)) < end;
-            tSrdS_rc(ki, ci) = Element(keep ? p * (float(tSrdP_rc(ki, ci)) - lse2_delta.y) : 0.0f);
+            const int key = get<0>(tScS_rc(ki, ci));
+            const bool keep = kCut == BlockCut::kNone       ? true
+                              : kCut == BlockCut::kDiagonal ? key - get<1>(tScS_rc(ki, ci)) <= diagonal
+                                                            : key < end;
+            float ds;
+            if constexpr (kSavedP) {
+              ds = float(tSrP_rc(ki, ci)) * fmaf(float(tSrdP_rc(ki, ci)), prob.scale, -lse2_delta.y);
+            } else {
+              ds = exp2_fast(tSrS_rc(ki, ci) * scale_log2 - lse2_delta.x) * (float(tSrdP_rc(ki, ci)) - lse2_delta.y);
+            }
+            tSrdS_rc(ki, ci) = Element(keep ? ds : 0.0f);
           }
         }
       });
     };
 
     // The dQ partial of the CTA's step s (this consumer's turn: buffer s mod 2 = w), its product complete, into
-    // the staging buffer once the reduce-add of step s − 2 has read it, for the dQ warp: scaled and rounded by
-    // stmatrix (kDirectDq), or as fp32 pairs of adjacent columns in 8-byte stores (the swizzle moves 16-byte
+    // the staging buffer once the reduce-add of step s − 2 has read it, for the dQ warp (dS carried the scale):
+    // rounded by stmatrix (kDirectDq), or as fp32 pairs of adjacent columns in 8-byte stores (the swizzle moves 16-byte
     // chunks, so a pair stays together).
     const auto write_dq = [&](int s, const auto& acc) {
       if (s >= kBuffers) cutlass::arch::NamedBarrier::sync(Cfg::kDqBarrierThreads, Cfg::kDqEmptyBarrier + w);
+      const bool negate = kb_dq_negated<Cfg>(prob);
       if constexpr (Cfg::kDirectDq) {
         Tensor out = make_fragment_like<Element>(acc);  // (MMA, 1, 1)
         CUTE_UNROLL
-        for (int i = 0; i < size(acc); ++i) out(i) = Element(acc(i) * prob.scale);
+        for (int i = 0; i < size(acc); ++i) out(i) = Element(negate ? -acc(i) : acc(i));
         store_matrices(dq_addr, 0, thr_r2s_dq.retile_S(out));
       } else {
         const uint32_t dq = smem_addr(st.dq[w].data());
         CUTE_UNROLL
         for (int i = 0; i < size(acc); i += 2) {
           const int offset = Cfg::dq_offset(get<0>(tdQcdQ(i)), get<1>(tdQcdQ(i)));
-          store_shared_f2(dq + uint32_t(offset) * uint32_t(sizeof(float)), acc(i), acc(i + 1));
+          store_shared_f2(dq + uint32_t(offset) * uint32_t(sizeof(float)), negate ? -acc(i) : acc(i),
+                          negate ? -acc(i + 1) : acc(i + 1));
         }
       }
       cutlass::arch::fence_view_async_shared();  // dQ written by threads, read by TMA

@@ -79,9 +79,12 @@ struct KbProducer {
   }
 };
 
-// The rows warp: per step of each of the CTA's tiles (from the tile ring), (LSE·log2e, D) of the step's 64 rows
-// into the rows pipeline's slot of the step's stage, two rows per lane; rows past Sq are (0, 0), LSE 0 in saved-P
-// (which does not read it).
+// The rows warp: per step of each of the CTA's tiles (from the tile ring), what the consumers need of the
+// step's 64 rows into the rows pipeline's slot of the step's stage, two rows per lane, with the scale folded in
+// so that dS comes out scaled (dK and dQ then need none but the sign): recompute (LSE·log2e − log2|scale|, D),
+// as 2^(S·scale·log2e − that) = |scale| · P, dS then carrying |scale| and the dQ partials and dK the sign;
+// saved-P (0, D·scale), as P · (dP·scale − D·scale). A zero scale gives +inf for the first, so that P · 0 is 0
+// whatever the LSE. Rows past Sq are (0, 0).
 template <class Cfg>
 struct KbRows {
   const typename Cfg::Params& params;
@@ -91,6 +94,8 @@ struct KbRows {
   __device__ void run(RowsPipeline& rows_pipe, int lane) {
     constexpr int kRowsPerLane = Cfg::kBlockM / 32;
     const Problem& prob = params.prob;
+    const float lse2_shift = log2f(fabsf(prob.scale));
+    const float delta_scale = Cfg::kSavedP ? prob.scale : 1.0f;
     auto state = cutlass::make_producer_start_state<RowsPipeline>();
     KbTileReader<Cfg> tiles(params, st);
     for (KbTile tile; tiles.next(tile);) {
@@ -106,8 +111,11 @@ struct KbRows {
         for (int k = 0; k < kRowsPerLane; ++k) {
           const int r = kRowsPerLane * lane + k;
           const bool in = m0 + r < prob.Sq;
-          v[k] = make_float2(in && !Cfg::kSavedP ? lse_rows[r * params.lse.sr] * kLog2e : 0.0f,
-                             in ? delta_rows[r * params.delta.sr] : 0.0f);
+          float lse2 = 0.0f;  // read only for a row below Sq in recompute (saved-P has no LSE)
+          if (!Cfg::kSavedP && in) {
+            lse2 = prob.scale == 0.0f ? INFINITY : lse_rows[r * params.lse.sr] * kLog2e - lse2_shift;
+          }
+          v[k] = make_float2(lse2, in ? delta_rows[r * params.delta.sr] * delta_scale : 0.0f);
         }
         rows_pipe.producer_acquire(state);
         CUTE_UNROLL

@@ -72,11 +72,11 @@ __device__ void kb_store_dk(const typename Cfg::Params& params, int w, const Acc
   const Operand dk_op = prob.dk;
   const bool vector = aligned_rows<Element>(dk_op, 2);
   const int64_t key0 = work.n0 + int64_t(w) * Cfg::kHalf;
-  const bool negate = kb_dq_negated<Cfg>(prob);
   Element* dk = static_cast<Element*>(dk_op.ptr) + dk_op.offset(work.b, work.kv_head, key0, 0);
-  // Compiled twice: where every key of the block is below Sk and a pair takes one 4-byte store (the common
-  // case), without a check or a branch per pair (they were half of the epilogue's instructions).
-  const auto store = [&](auto whole) {
+  // Compiled for each case: where every key of the block is below Sk and a pair takes one 4-byte store (the
+  // common case), without a check or a branch per pair (they were half of the epilogue's instructions); and
+  // for either sign, without a select per value where the scale is positive.
+  const auto store = [&](auto whole, auto negate) {
     CUTE_UNROLL
     for (int i = 0; i < size(tdKrdK); i += 2) {  // an accumulator holds pairs of adjacent columns
       const int c = get<0>(tdKcdK(i)), d = get<1>(tdKcdK(i));
@@ -84,10 +84,11 @@ __device__ void kb_store_dk(const typename Cfg::Params& params, int w, const Acc
       if (whole || key0 + c < prob.Sk) store_converted(dk + c * dk_op.sr + d, x, y, whole || vector);
     }
   };
-  if (vector && key0 + Cfg::kHalf <= prob.Sk) {
-    store(std::true_type{});
+  const bool whole = vector && key0 + Cfg::kHalf <= prob.Sk;
+  if (kb_dq_negated<Cfg>(prob)) {
+    whole ? store(std::true_type{}, std::true_type{}) : store(std::false_type{}, std::true_type{});
   } else {
-    store(std::false_type{});
+    whole ? store(std::true_type{}, std::false_type{}) : store(std::false_type{}, std::false_type{});
   }
 }
 

@@ -135,17 +135,9 @@ struct KbMainloop {
       Tensor tSrP_rc = make_tensor(tSrP.data(), rowcol(tSrP.layout()));     // (keys, rows), saved-P
       Tensor tSrdP_rc = make_tensor(tSrdP.data(), rowcol(tSrdP.layout()));  // (keys, rows)
       Tensor tSrdS_rc = make_tensor(tSrdS.data(), rowcol(tSrdS.layout()));  // (keys, rows)
-      if (keys.sees_none(m0, kBlockM, n0w)) {
-        fill(tSrdS, Element(0.0f));
-        return;
-      }
       const uint32_t rows = rows_base + uint32_t(slot) * kRowsStageBytes;
-      // key − row ≤ diagonal where the diagonal alone cuts (m0 − n0w, in [−kHalf, kBlockM] there)
-      const int diagonal = int(cute::max(cute::min(m0 - n0w, int64_t(kBlockM)), int64_t(-kHalf)));
-      const BlockCut cut = !keys.cuts(m0, kBlockM, n0w, kHalf)                 ? BlockCut::kNone
-                           : keys.diagonal_only(m0, kBlockM, n0w, kHalf) ? BlockCut::kDiagonal
-                                                                              : BlockCut::kRows;
-      with_cut(cut, [&](auto kind) {
+      // The element-wise work, compiled once per kind of cut (the uncut kind tests nothing else first).
+      const auto elementwise = [&](auto kind, int diagonal) {
         constexpr BlockCut kCut = decltype(kind)::value;
         CUTE_UNROLL
         for (int ci = 0; ci < kRows; ++ci) {
@@ -168,7 +160,17 @@ struct KbMainloop {
             tSrdS_rc(ki, ci) = Element(keep ? ds : 0.0f);
           }
         }
-      });
+      };
+      if (!keys.cuts(m0, kBlockM, n0w, kHalf)) {
+        elementwise(std::integral_constant<BlockCut, BlockCut::kNone>{}, 0);
+      } else if (keys.sees_none(m0, kBlockM, n0w)) {
+        fill(tSrdS, Element(0.0f));
+      } else if (keys.diagonal_only(m0, kBlockM, n0w, kHalf)) {
+        // key − row ≤ m0 − n0w: within (−kHalf, kHalf) where the diagonal cuts a block that some row sees
+        elementwise(std::integral_constant<BlockCut, BlockCut::kDiagonal>{}, int(m0 - n0w));
+      } else {
+        elementwise(std::integral_constant<BlockCut, BlockCut::kRows>{}, 0);
+      }
     };
 
     // The dQ partial of the CTA's step s (this consumer's turn: buffer s mod 2 = w), its product complete, into
@@ -177,20 +179,27 @@ struct KbMainloop {
     // chunks, so a pair stays together).
     const auto write_dq = [&](int s, const auto& acc) {
       if (s >= kBuffers) cutlass::arch::NamedBarrier::sync(Cfg::kDqBarrierThreads, Cfg::kDqEmptyBarrier + w);
-      const bool negate = kb_dq_negated<Cfg>(prob);
-      if constexpr (Cfg::kDirectDq) {
-        Tensor out = make_fragment_like<Element>(acc);  // (MMA, 1, 1)
-        CUTE_UNROLL
-        for (int i = 0; i < size(acc); ++i) out(i) = Element(negate ? -acc(i) : acc(i));
-        store_matrices(dq_addr, 0, thr_r2s_dq.retile_S(out));
-      } else {
-        const uint32_t dq = smem_addr(st.dq[w].data());
-        CUTE_UNROLL
-        for (int i = 0; i < size(acc); i += 2) {
-          const int offset = Cfg::dq_offset(get<0>(tdQcdQ(i)), get<1>(tdQcdQ(i)));
-          store_shared_f2(dq + uint32_t(offset) * uint32_t(sizeof(float)), negate ? -acc(i) : acc(i),
-                          negate ? -acc(i + 1) : acc(i + 1));
+      // compiled for either sign, so that a select per value is not paid where the scale is positive
+      const auto stage = [&](auto negate) {
+        if constexpr (Cfg::kDirectDq) {
+          Tensor out = make_fragment_like<Element>(acc);  // (MMA, 1, 1)
+          CUTE_UNROLL
+          for (int i = 0; i < size(acc); ++i) out(i) = Element(negate ? -acc(i) : acc(i));
+          store_matrices(dq_addr, 0, thr_r2s_dq.retile_S(out));
+        } else {
+          const uint32_t dq = smem_addr(st.dq[w].data());
+          CUTE_UNROLL
+          for (int i = 0; i < size(acc); i += 2) {
+            const int offset = Cfg::dq_offset(get<0>(tdQcdQ(i)), get<1>(tdQcdQ(i)));
+            store_shared_f2(dq + uint32_t(offset) * uint32_t(sizeof(float)), negate ? -acc(i) : acc(i),
+                            negate ? -acc(i + 1) : acc(i + 1));
+          }
         }
+      };
+      if (kb_dq_negated<Cfg>(prob)) {
+        stage(std::true_type{});
+      } else {
+        stage(std::false_type{});
       }
       cutlass::arch::fence_view_async_shared();  // dQ written by threads, read by TMA
       cutlass::arch::NamedBarrier::arrive(Cfg::kDqBarrierThreads, Cfg::kDqFullBarrier + w);

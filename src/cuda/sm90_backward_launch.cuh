@@ -1,5 +1,5 @@
 // Host side of the Hopper two-pass backward: TMA descriptors, row statistics, key-block pass (sm90/kb_launch.cuh),
-// and where dQ is added through the fp32 accumulator its scaling.
+// and where dQ is added through the fp32 accumulator its conversion.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -97,9 +97,9 @@ Status run_sm90_backward(const Problem& prob, bool direct_dq, void* workspace, C
   if (Status s = launch<Cfg>(sm90::rowstats_kernel<Cfg>, "sm90 row statistics", row_tiles, params, stream); !s.ok()) {
     return s;
   }
-  // The key-block pass adds its scaled partials into what the row statistics cleared and takes its tiles from
-  // the counter they set to 0 (kernels of one stream run in order: no memset, no synchronisation); where dQ went
-  // into the accumulator, the conversion stores it into dQ.
+  // The key-block pass adds its partials into what the row statistics cleared and takes its tiles from the
+  // counter they set to 0 (kernels of one stream run in order: no memset, no synchronisation); where dQ went into
+  // the accumulator, the conversion stores it into dQ (scaled where dS did not carry the scale: kScaleInDs).
   constexpr int kD = Cfg::kHeadDim;
   const bool saved_p = prob.mode == BackwardMode::kSavedP;
   const sm90::DqTarget& target = params.dq_clear;

@@ -101,6 +101,14 @@ struct SumOp {
   __device__ float operator()(float a, float b) const { return a + b; }
 };
 
+// Whether the key-block pass's dS carries the scale, folded into the exponent's offset (KbRows), so that the dQ
+// partials and dK need no multiply after their products: in bf16, whose exponent range holds scale · dS; not in
+// fp16, where a small scale would push dS below fp16's normal range (2^-14) before it is rounded (an fp64
+// simulation: dQ's error at S = 1024 and scale 1e-3 from 1.8e-4 to 5.3e-3, past the bar), and dQ and dK take
+// the scale afterwards as before.
+template <class Element>
+inline constexpr bool kScaleInDs = std::is_same_v<Element, cutlass::bfloat16_t>;
+
 // How the mask and the problem's edges (KeyRange) cut a tile: not at all, by the causal diagonal alone (one
 // compare per element), or row by row (each row's count of columns).
 enum class BlockCut { kNone, kDiagonal, kRows };

@@ -130,8 +130,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     Tensor tSrP_rc = make_tensor(tSrP.data(), rowcol(tSrP.layout()));                      // (rows, cols)
 
     // Only the tiles that the mask or the last row cuts pay for per-element compares, one per element where the
-    // causal diagonal alone cuts the tile (column − row ≤ m0 − n0 there, within [−kBlockN, kBlockM]).
-    const int diagonal = int(cute::max(cute::min(m0 - n0, int64_t(Cfg::kBlockM)), int64_t(-kBlockN)));
+    // causal diagonal alone cuts the tile (column − row ≤ m0 − n0 there, clamped to [−kBlockM, kBlockM]).
+    const int diagonal = int(cute::max(cute::min(m0 - n0, int64_t(Cfg::kBlockM)), int64_t(-Cfg::kBlockM)));
     const BlockCut cut = !keys.cuts(m0, Cfg::kBlockM, n0, kBlockN)                 ? BlockCut::kNone
                          : keys.diagonal_only(m0, Cfg::kBlockM, n0, kBlockN) ? BlockCut::kDiagonal
                                                                               : BlockCut::kRows;

@@ -186,7 +186,7 @@ TEST(KeyRangeCuts, AgreeWithEachRowsColumns) {
       for (const int64_t sk : {1, 5, 8, 12, 16}) {
         const KeyRange keys{causal, sq, sk};
         for (int64_t m0 = 0; m0 < sq; m0 += 4) {
-          for (int64_t n0 = 0; n0 < sk; n0 += 2) {
+          for (int64_t n0 = 0; n0 < sk + kWidth; n0 += 2) {  // blocks past Sk too (a consumer's last keys)
             bool cut = false, none = true, diagonal = causal;
             for (int r = 0; r < kRows; ++r) {
               const int64_t i = m0 + r;

@@ -14,7 +14,7 @@
 //                  step's rows' LSE·log2e and D into the rows pipeline; warp 2 (one thread) reduce-adds each
 //                  step's dQ partial by TMA (16-bit into dQ, or fp32 into the accumulator);
 //   warpgroups 1-2 consumers, 64 keys each: Sᵀ = K_w Qᵀ with K_w from registers (RS, keys on the wgmma's M),
-//                  dSᵀ = Pᵀ ∘ (dPᵀ − D), scaled (kb_mainloop.cuh), in registers, dK += dSᵀ Q from those
+//                  dSᵀ = Pᵀ ∘ (dPᵀ − D), scaled in bf16 (kb_mainloop.cuh), in registers, dK += dSᵀ Q from those
 //                  registers (RS), dS into shared memory; the dQ partial = dS K over the CTA's 128 keys (SS,
 //                  N = D) by one consumer per step, the two taking turns, rounded into its staging buffer; dK
 //                  stored at the tile's end. Per step they move ~208 KB through shared memory where the column
@@ -53,9 +53,8 @@ struct StepCursor {
   }
 };
 
-// kDirectDq: each step's dQ partial (of dS that carries the scale) is rounded to 16 bits and added into dQ itself
-// (rows of up to kSm90DirectDqMaxSk keys); otherwise added in fp32 into the accumulator that convert_dq_kernel
-// converts.
+// kDirectDq: each step's dQ partial, finished (KbFinish), is rounded to 16 bits and added into dQ itself (rows of
+// up to kSm90DirectDqMaxSk keys); otherwise added in fp32 into the accumulator that convert_dq_kernel converts.
 template <class Element_, int kHeadDim_, bool kSavedP_, bool kDirectDq_>
 struct KbConfig {
   using Element = Element_;

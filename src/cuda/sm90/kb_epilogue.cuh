@@ -55,15 +55,30 @@ struct KbDqWriter {
   }
 };
 
-// Whether the dQ partials and dK are the negated products: recompute's dS carries |scale| (KbRows), the sign
-// of a negative scale is left to them.
-template <class Cfg>
-__device__ inline bool kb_dq_negated(const Problem& prob) {
-  return !Cfg::kSavedP && prob.scale < 0.0f;
+// What the dQ partials and dK take after their products: where dS carries the scale (kScaleInDs), nothing, or a
+// negation in recompute, whose dS carries |scale| (KbRows), where the scale is negative; otherwise the scale.
+enum class KbFinish { kNone, kNegate, kScale };
+
+// Calls f(std::integral_constant<KbFinish, ...>{}): the stores compiled once per case, so that no value pays a
+// select or a multiply it does not need.
+template <class Cfg, class F>
+__device__ inline void with_kb_finish(const Problem& prob, F&& f) {
+  if constexpr (!kScaleInDs<typename Cfg::Element>) {
+    f(std::integral_constant<KbFinish, KbFinish::kScale>{});
+  } else if (!Cfg::kSavedP && prob.scale < 0.0f) {
+    f(std::integral_constant<KbFinish, KbFinish::kNegate>{});
+  } else {
+    f(std::integral_constant<KbFinish, KbFinish::kNone>{});
+  }
 }
 
-// dK of a tile = the accumulator of consumer w (its dS carried the scale; kb_dq_negated), at its keys below Sk
-// (zeros for a block without steps); on the GPU the last dimension has stride 1 (validate.cpp).
+template <KbFinish kFinish>
+__device__ inline float kb_finish(float x, float scale) {
+  return kFinish == KbFinish::kNone ? x : kFinish == KbFinish::kNegate ? -x : x * scale;
+}
+
+// dK of a tile = the accumulator of consumer w, finished (KbFinish), at its keys below Sk (zeros for a block
+// without steps); on the GPU the last dimension has stride 1 (validate.cpp).
 template <class Cfg, class Acc, class Coord>
 __device__ void kb_store_dk(const typename Cfg::Params& params, int w, const Acc& tdKrdK, const Coord& tdKcdK,
                             const KbWork<Cfg>& work) {
@@ -74,22 +89,25 @@ __device__ void kb_store_dk(const typename Cfg::Params& params, int w, const Acc
   const int64_t key0 = work.n0 + int64_t(w) * Cfg::kHalf;
   Element* dk = static_cast<Element*>(dk_op.ptr) + dk_op.offset(work.b, work.kv_head, key0, 0);
   // Compiled for each case: where every key of the block is below Sk and a pair takes one 4-byte store (the
-  // common case), without a check or a branch per pair (they were half of the epilogue's instructions); and
-  // for either sign, without a select per value where the scale is positive.
-  const auto store = [&](auto whole, auto negate) {
+  // common case), without a check or a branch per pair (they were half of the epilogue's instructions); and per
+  // KbFinish.
+  const auto store = [&](auto whole, auto finish) {
+    constexpr KbFinish kFinish = decltype(finish)::value;
     CUTE_UNROLL
     for (int i = 0; i < size(tdKrdK); i += 2) {  // an accumulator holds pairs of adjacent columns
       const int c = get<0>(tdKcdK(i)), d = get<1>(tdKcdK(i));
-      const float x = negate ? -tdKrdK(i) : tdKrdK(i), y = negate ? -tdKrdK(i + 1) : tdKrdK(i + 1);
+      const float x = kb_finish<kFinish>(tdKrdK(i), prob.scale), y = kb_finish<kFinish>(tdKrdK(i + 1), prob.scale);
       if (whole || key0 + c < prob.Sk) store_converted(dk + c * dk_op.sr + d, x, y, whole || vector);
     }
   };
   const bool whole = vector && key0 + Cfg::kHalf <= prob.Sk;
-  if (kb_dq_negated<Cfg>(prob)) {
-    whole ? store(std::true_type{}, std::true_type{}) : store(std::false_type{}, std::true_type{});
-  } else {
-    whole ? store(std::true_type{}, std::false_type{}) : store(std::false_type{}, std::false_type{});
-  }
+  with_kb_finish<Cfg>(prob, [&](auto finish) {
+    if (whole) {
+      store(std::true_type{}, finish);
+    } else {
+      store(std::false_type{}, finish);
+    }
+  });
 }
 
 }  // namespace qksoftmax::cuda::sm90

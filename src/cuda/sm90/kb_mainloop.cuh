@@ -2,12 +2,12 @@
 // [n0 + 64w, n0 + 64w + 64) of the tile's block (Sᵀ, dS, dK), K_w in registers (loaded at the tile's start
 // from the tile's K buffer), and the dQ product of every other step (t mod 2 = w, t counting the CTA's steps
 // over its tiles, so that the turns alternate across a tile's end). Per 64-row step t:
-//   element-wise: dSᵀ · |scale| = Pᵀ · |scale| ∘ (dPᵀ − D), P · |scale| = 2^(S·scale·log2e − LSE·log2e +
-//   log2|scale|), with dPᵀ (and Pᵀ) by ldmatrix.trans and the step's rows' terms from the rows pipeline
-//   (saved-P: dSᵀ · scale = Pᵀ ∘ (dPᵀ·scale − D·scale)), rounded to 16 bits, masked only where the tile is cut;
-//   dS into the step's dS buffer by stmatrix.trans. dS carrying the scale, the dQ partials and dK are not
-//   scaled (in recompute their sign is flipped where the scale is negative). Meanwhile the tensor pipe runs the
-//   other consumer's products and, after its turn, this one's dQ product of step t − 1;
+//   element-wise: dSᵀ = Pᵀ ∘ (dPᵀ − D), P = 2^(S·scale·log2e − LSE·log2e), with dPᵀ (and Pᵀ) by
+//   ldmatrix.trans and the step's rows' terms from the rows pipeline, rounded to 16 bits, masked only where the
+//   tile is cut; in bf16 the scale folded in (kScaleInDs, KbRows: recompute |scale| · dS, saved-P scale · dS),
+//   the dQ partials and dK then taking only a negative scale's sign in recompute, in fp16 the scale (KbFinish);
+//   dS into the step's dS buffer by stmatrix.trans. Meanwhile the tensor pipe runs the other consumer's products
+//   and, after its turn, this one's dQ product of step t − 1;
 //   then it is awaited (wait 0) and:
 //   Sᵀ(t + 1) = K_w Q(t + 1)ᵀ (recompute) and dK += dSᵀ Q (both A operands from registers) issued; after its
 //   turn, the dQ partial of step t − 1 rounded and stored into its staging buffer for the dQ warp's
@@ -125,8 +125,8 @@ struct KbMainloop {
       warpgroup_commit_batch();
     };
 
-    // dSᵀ · scale of the step from row m0 at this consumer's keys from n0w (what the rows pipeline holds of its
-    // rows in slot `slot`, the scale folded in: KbRows): Sᵀ in tSrS (recompute) or Pᵀ in tSrP (saved-P), dPᵀ in
+    // dSᵀ of the step from row m0 at this consumer's keys from n0w, carrying the scale in bf16 (what the rows
+    // pipeline holds of its rows in slot `slot`: KbRows): Sᵀ in tSrS (recompute) or Pᵀ in tSrP (saved-P), dPᵀ in
     // tSrdP. Per element only where the block is cut, and cheaply where the causal diagonal alone cuts it (a step
     // in six at S = 1024); a block that no row sees is zero without any of it.
     const auto dst_of = [&](const FragS& tSrS, const FragS16& tSrP, const FragS16& tSrdP, FragS16& tSrdS,
@@ -153,7 +153,8 @@ struct KbMainloop {
                                                             : key < end;
             float ds;
             if constexpr (kSavedP) {
-              ds = float(tSrP_rc(ki, ci)) * fmaf(float(tSrdP_rc(ki, ci)), prob.scale, -lse2_delta.y);
+              const float dp = float(tSrdP_rc(ki, ci));
+              ds = float(tSrP_rc(ki, ci)) * (kScaleInDs<Element> ? fmaf(dp, prob.scale, -lse2_delta.y) : dp - lse2_delta.y);
             } else {
               ds = exp2_fast(tSrS_rc(ki, ci) * scale_log2 - lse2_delta.x) * (float(tSrdP_rc(ki, ci)) - lse2_delta.y);
             }
@@ -174,33 +175,28 @@ struct KbMainloop {
     };
 
     // The dQ partial of the CTA's step s (this consumer's turn: buffer s mod 2 = w), its product complete, into
-    // the staging buffer once the reduce-add of step s − 2 has read it, for the dQ warp (dS carried the scale):
+    // the staging buffer once the reduce-add of step s − 2 has read it, for the dQ warp, finished (KbFinish):
     // rounded by stmatrix (kDirectDq), or as fp32 pairs of adjacent columns in 8-byte stores (the swizzle moves 16-byte
     // chunks, so a pair stays together).
     const auto write_dq = [&](int s, const auto& acc) {
       if (s >= kBuffers) cutlass::arch::NamedBarrier::sync(Cfg::kDqBarrierThreads, Cfg::kDqEmptyBarrier + w);
-      // compiled for either sign, so that a select per value is not paid where the scale is positive
-      const auto stage = [&](auto negate) {
+      with_kb_finish<Cfg>(prob, [&](auto finish) {  // compiled per KbFinish
+        constexpr KbFinish kFinish = decltype(finish)::value;
         if constexpr (Cfg::kDirectDq) {
           Tensor out = make_fragment_like<Element>(acc);  // (MMA, 1, 1)
           CUTE_UNROLL
-          for (int i = 0; i < size(acc); ++i) out(i) = Element(negate ? -acc(i) : acc(i));
+          for (int i = 0; i < size(acc); ++i) out(i) = Element(kb_finish<kFinish>(acc(i), prob.scale));
           store_matrices(dq_addr, 0, thr_r2s_dq.retile_S(out));
         } else {
           const uint32_t dq = smem_addr(st.dq[w].data());
           CUTE_UNROLL
           for (int i = 0; i < size(acc); i += 2) {
             const int offset = Cfg::dq_offset(get<0>(tdQcdQ(i)), get<1>(tdQcdQ(i)));
-            store_shared_f2(dq + uint32_t(offset) * uint32_t(sizeof(float)), negate ? -acc(i) : acc(i),
-                            negate ? -acc(i + 1) : acc(i + 1));
+            store_shared_f2(dq + uint32_t(offset) * uint32_t(sizeof(float)), kb_finish<kFinish>(acc(i), prob.scale),
+                            kb_finish<kFinish>(acc(i + 1), prob.scale));
           }
         }
-      };
-      if (kb_dq_negated<Cfg>(prob)) {
-        stage(std::true_type{});
-      } else {
-        stage(std::false_type{});
-      }
+      });
       cutlass::arch::fence_view_async_shared();  // dQ written by threads, read by TMA
       cutlass::arch::NamedBarrier::arrive(Cfg::kDqBarrierThreads, Cfg::kDqFullBarrier + w);
     };

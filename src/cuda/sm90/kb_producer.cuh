@@ -80,11 +80,12 @@ struct KbProducer {
 };
 
 // The rows warp: per step of each of the CTA's tiles (from the tile ring), what the consumers need of the
-// step's 64 rows into the rows pipeline's slot of the step's stage, two rows per lane, with the scale folded in
-// so that dS comes out scaled (dK and dQ then need none but the sign): recompute (LSE·log2e − log2|scale|, D),
-// as 2^(S·scale·log2e − that) = |scale| · P, dS then carrying |scale| and the dQ partials and dK the sign;
-// saved-P (0, D·scale), as P · (dP·scale − D·scale). A zero scale gives +inf for the first, so that P · 0 is 0
-// whatever the LSE. Rows past Sq are (0, 0).
+// step's 64 rows into the rows pipeline's slot of the step's stage, two rows per lane. Where dS carries the scale
+// (kScaleInDs: bf16) it is folded in here, so that dK and dQ need none but the sign: recompute (LSE·log2e −
+// log2|scale|, D), as 2^(S·scale·log2e − that) = |scale| · P, the dQ partials and dK then taking the sign
+// (KbFinish); saved-P (0, D·scale), as P · (dP·scale − D·scale). A zero scale gives +inf for the first, so that
+// P · 0 is 0 whatever the LSE. Otherwise (fp16) (LSE·log2e, D), the scale taken by dQ and dK. Rows past Sq are
+// (0, 0).
 template <class Cfg>
 struct KbRows {
   const typename Cfg::Params& params;
@@ -94,8 +95,9 @@ struct KbRows {
   __device__ void run(RowsPipeline& rows_pipe, int lane) {
     constexpr int kRowsPerLane = Cfg::kBlockM / 32;
     const Problem& prob = params.prob;
-    const float lse2_shift = log2f(fabsf(prob.scale));
-    const float delta_scale = Cfg::kSavedP ? prob.scale : 1.0f;
+    constexpr bool kFold = kScaleInDs<typename Cfg::Element>;
+    const float lse2_shift = kFold ? log2f(fabsf(prob.scale)) : 0.0f;
+    const float delta_scale = Cfg::kSavedP && kFold ? prob.scale : 1.0f;
     auto state = cutlass::make_producer_start_state<RowsPipeline>();
     KbTileReader<Cfg> tiles(params, st);
     for (KbTile tile; tiles.next(tile);) {
@@ -113,7 +115,7 @@ struct KbRows {
           const bool in = m0 + r < prob.Sq;
           float lse2 = 0.0f;  // read only for a row below Sq in recompute (saved-P has no LSE)
           if (!Cfg::kSavedP && in) {
-            lse2 = prob.scale == 0.0f ? INFINITY : lse_rows[r * params.lse.sr] * kLog2e - lse2_shift;
+            lse2 = kFold && prob.scale == 0.0f ? INFINITY : lse_rows[r * params.lse.sr] * kLog2e - lse2_shift;
           }
           v[k] = make_float2(lse2, in ? delta_rows[r * params.delta.sr] * delta_scale : 0.0f);
         }

@@ -202,7 +202,9 @@ TEST(KeyRangeCuts, AgreeWithEachRowsColumns) {
             EXPECT_EQ(keys.cuts(m0, kRows, n0, kWidth), cut);
             EXPECT_EQ(keys.sees_none(m0, kRows, n0), none);
             // diagonal_only promises the diagonal's rule; where it says so, that rule must hold
-            if (keys.diagonal_only(m0, kRows, n0, kWidth)) EXPECT_TRUE(diagonal);
+            if (keys.diagonal_only(m0, kRows, n0, kWidth)) {
+              EXPECT_TRUE(diagonal);
+            }
           }
         }
       }

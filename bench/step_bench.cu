@@ -32,7 +32,6 @@ constexpr int kWarmup = 3;
 constexpr int kRuns = 15;
 constexpr double kMicro = 1e-6;
 constexpr double kTera = 1e12;
-constexpr uint16_t kBf16One = 0x3F80;  // data values do not change the schedule; finite, not zero
 
 struct StepResult {
   std::string mode;
@@ -41,12 +40,6 @@ struct StepResult {
   double step_us = 0;       // per 64-row step of one CTA
   double tensor_share = 0;  // of the measured bf16 GEMM rate
 };
-
-Result fill(void* ptr, size_t elements, cudaStream_t stream) {
-  std::vector<uint16_t> host(elements, kBf16One);
-  return cuda_result(cudaMemcpyAsync(ptr, host.data(), elements * sizeof(uint16_t), cudaMemcpyHostToDevice, stream),
-                     "cudaMemcpyAsync");
-}
 
 qksoftmax::Operand operand(void* ptr, int64_t heads, int64_t rows, int64_t cols) {
   return {ptr, heads * rows * cols, rows * cols, cols, 1};
@@ -115,7 +108,9 @@ Result run_case(cudaStream_t stream, bool saved_p, int cluster, int clusters, do
   QKB_TRY(p.allocate(size_t(heads * seq * seq) * 2));
   QKB_TRY(dq.allocate(size_t(heads * seq * kHeadDim) * 2));
   QKB_TRY(dk.allocate(size_t(heads * seq * kHeadDim) * 2));
-  for (const DeviceBuffer* b : {&q, &k, &dp, &p}) QKB_TRY(fill(b->get(), b->bytes() / 2, stream));
+  for (const DeviceBuffer* b : {&q, &k, &dp, &p}) {
+    QKB_TRY(fill_value(b->get(), b->bytes() / sizeof(kBf16One), kBf16One, stream));
+  }
 
   qksoftmax::Problem prob;
   prob.pass = qksoftmax::Pass::kBackward;

@@ -1,10 +1,17 @@
-// qksoftmax-step: the step micro-benchmark of the single-pass Hopper backward. Every resident cluster walks
-// the same (batch, key head) `repeat` times: its Q, K and dP stay in L2, so the time per step is the step's
-// own (tensor products, element-wise work, cluster exchange), without DRAM. Non-causal rows of 128·C keys
-// keep every chunk of every CTA live. Printed per mode and cluster size: µs per 64-row step and SM, and the
-// tensor pipe's share: the step's products at the cuBLAS bf16 rate measured in the same run, over the time.
-// With --trace, each case runs once more through a build of the kernel that reads the SM clock at every phase
-// boundary (src/cuda/sm90/trace.h) and prints each role's cycles per step by phase.
+// qksoftmax-step: the step micro-benchmarks of the Hopper backward's two kernels, data in L2, so that the time
+// per step is the step's own (tensor products, element-wise work, exchange or reduce-adds), without DRAM.
+// The single pass: every resident cluster walks the same (batch, key head) `repeat` times: its Q, K and dP stay
+// in L2. Non-causal rows of 128·C keys keep every chunk of every CTA live. Printed per mode and cluster size: µs
+// per 64-row step and SM, and the tensor pipe's share: the step's products at the cuBLAS bf16 rate measured in
+// the same run, over the time.
+// The key-block pass (kb_step.h: its shape, and how its inputs alias to stay in L2), after the single pass's
+// cases in every run rather than behind an option: it is the default backward for rows past 128 keys, its
+// four cases add 18 launches each of 64 steps per SM, and the results file, gpu-check's summary and a
+// revision A/B (REVS_STEP) then carry both kernels' steps. Printed per mode and dQ target (16-bit into dQ, the default; fp32 into the
+// accumulator): µs per launch, µs per 64 × 128 step and SM, products per step, the tensor share, the bytes.
+// With --trace, each single-pass case runs once more through a build of the kernel that reads the SM clock at
+// every phase boundary (src/cuda/sm90/trace.h) and prints each role's cycles per step by phase (the key-block
+// kernel has no such build).
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -17,6 +24,7 @@
 #include "cuda/sm90_instances.h"
 #include "cuda_check.h"
 #include "gpu.h"
+#include "kb_step.h"
 #include "micro.h"
 #include "timing.h"
 
@@ -172,6 +180,9 @@ Result run(const std::string& json_path, bool trace) {
       results.push_back(r);
     }
   }
+  KbStepShape kb_shape;
+  std::vector<KbStepResult> kb_results;
+  QKB_TRY(run_kb_steps(micro, &kb_shape, &kb_results));
   if (json_path.empty()) return {};
   std::FILE* f = nullptr;
   QKB_TRY(open_micro_json(json_path, micro, &f));
@@ -181,6 +192,7 @@ Result run(const std::string& json_path, bool trace) {
     std::fprintf(out, "{\"mode\": \"%s\", \"cluster\": %d, \"launch_us\": %.2f, \"step_us\": %.4f, \"tensor_share\": %.4f}",
                  r.mode.c_str(), r.cluster, r.us, r.step_us, r.tensor_share);
   });
+  write_kb_json(f, kb_shape, kb_results);
   std::fprintf(f, "}\n");
   std::fclose(f);
   return {};

@@ -182,8 +182,9 @@ Result run(const std::string& json_path, bool trace) {
   }
   KbStepShape kb_shape;
   std::vector<KbStepResult> kb_results;
-  QKB_TRY(run_kb_steps(micro, &kb_shape, &kb_results));
-  if (json_path.empty()) return {};
+  // Where the key-block cases fail, the single pass's results are still written; the failure is the exit status.
+  const Result kb = run_kb_steps(micro, &kb_shape, &kb_results);
+  if (json_path.empty()) return kb;
   std::FILE* f = nullptr;
   QKB_TRY(open_micro_json(json_path, micro, &f));
   std::fprintf(f, ", \"repeat\": %d", kRepeat);
@@ -192,10 +193,10 @@ Result run(const std::string& json_path, bool trace) {
     std::fprintf(out, "{\"mode\": \"%s\", \"cluster\": %d, \"launch_us\": %.2f, \"step_us\": %.4f, \"tensor_share\": %.4f}",
                  r.mode.c_str(), r.cluster, r.us, r.step_us, r.tensor_share);
   });
-  write_kb_json(f, kb_shape, kb_results);
+  if (kb.ok()) write_kb_json(f, kb_shape, kb_results);
   std::fprintf(f, "}\n");
   std::fclose(f);
-  return {};
+  return kb;
 }
 
 }  // namespace

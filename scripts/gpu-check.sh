@@ -484,6 +484,8 @@ if has_stage profile; then
       ncu --import "$OUT/$name.ncu-rep" --page source --print-source sass --csv > "$LOGS/$name-sass.csv" 2>&1
       # the consumer warps' stall reasons, where the kernel is warp-specialised (the single pass)
       python3 scripts/ncu_stalls.py "$LOGS/$name-sass.csv" > "$LOGS/$name-stalls.log" 2>&1 || true
+      # each kernel's executed instructions: opcodes and the heaviest straight-line runs
+      python3 scripts/ncu_blocks.py "$LOGS/$name-sass.csv" > "$LOGS/$name-blocks.log" 2>&1 || true
     done
   done
   done

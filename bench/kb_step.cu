@@ -41,8 +41,6 @@ static_assert(kb_step_shape(kH200Sms, false, sizeof(float)).bytes == kH200Recomp
 
 constexpr int kWarmup = 3;  // launches that bring the data into L2
 constexpr int kRuns = 15;
-constexpr double kMicro = 1e-6;
-constexpr double kTera = 1e12;
 constexpr double kBytesPerMiB = double(kMiB);
 constexpr int kFlopsPerMac = 2;
 // Sᵀ, dK, dQ (kb_mainloop.cuh; its last step also issues an Sᵀ that nothing reads, 1 in 64 not counted).
@@ -83,10 +81,6 @@ struct KbBuffers {
   float* delta() const { return lse() + kKbRows; }
 };
 
-// (heads, rows, cols), each head its own rows.
-qksoftmax::Operand distinct_heads(void* ptr, int64_t heads, int64_t rows, int64_t cols) {
-  return {ptr, heads * rows * cols, rows * cols, cols, 1};
-}
 // A block of `rows` rows whose head h starts at row h (kb_step.h): head stride one row.
 qksoftmax::Operand shared_rows(void* ptr, int64_t rows, int64_t cols) { return {ptr, rows * cols, cols, cols, 1}; }
 
@@ -103,9 +97,9 @@ qksoftmax::Problem kb_problem(const KbStepShape& s, bool saved_p, const KbBuffer
   prob.q = shared_rows(b.q.get(), s.shared_rows, kKbHeadDim);
   prob.dp = shared_rows(b.dp.get(), s.shared_rows, kKbKeys);
   if (saved_p) prob.p = shared_rows(b.p.get(), s.shared_rows, kKbKeys);
-  prob.k = distinct_heads(b.k.get(), s.key_heads, kKbKeys, kKbHeadDim);
-  prob.dk = distinct_heads(b.dk.get(), s.key_heads, kKbKeys, kKbHeadDim);
-  prob.dq = distinct_heads(b.dq.get(), s.query_heads, kKbRows, kKbHeadDim);
+  prob.k = heads_operand(b.k.get(), s.key_heads, kKbKeys, kKbHeadDim);
+  prob.dk = heads_operand(b.dk.get(), s.key_heads, kKbKeys, kKbHeadDim);
+  prob.dq = heads_operand(b.dq.get(), s.query_heads, kKbRows, kKbHeadDim);
   return prob;
 }
 

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "micro.h"
+#include "problem.h"
 #include "result.h"
 
 namespace qkbench {
@@ -63,6 +64,11 @@ constexpr KbStepShape kb_step_shape(int64_t sms, bool saved_p, int64_t dq_elemen
   const int64_t delta_bytes = lse_bytes;
   s.bytes = k_bytes + dk_bytes + dq_bytes + q_bytes + dp_bytes + p_bytes + lse_bytes + delta_bytes;
   return s;
+}
+
+// A contiguous (heads, rows, cols) operand, each head its own rows (both step benchmarks' inputs and outputs).
+inline qksoftmax::Operand heads_operand(void* ptr, int64_t heads, int64_t rows, int64_t cols) {
+  return {ptr, heads * rows * cols, rows * cols, cols, 1};
 }
 
 struct KbStepResult {

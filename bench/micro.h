@@ -42,6 +42,9 @@ void write_json_list(std::FILE* f, const char* key, size_t n, Entry&& entry) {
   std::fprintf(f, "\n]");
 }
 
+inline constexpr double kMicro = 1e-6;  // seconds per µs
+inline constexpr double kTera = 1e12;
+
 // The bits of bf16 1.0: the step benchmarks' operands (the values do not change a kernel's schedule; finite, not
 // zero).
 inline constexpr uint16_t kBf16One = 0x3F80;

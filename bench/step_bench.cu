@@ -38,8 +38,6 @@ constexpr int kClusterSizes[] = {1, 2, 4, 8};
 constexpr int kRepeat = 24;
 constexpr int kWarmup = 3;
 constexpr int kRuns = 15;
-constexpr double kMicro = 1e-6;
-constexpr double kTera = 1e12;
 
 struct StepResult {
   std::string mode;
@@ -49,9 +47,6 @@ struct StepResult {
   double tensor_share = 0;  // of the measured bf16 GEMM rate
 };
 
-qksoftmax::Operand operand(void* ptr, int64_t heads, int64_t rows, int64_t cols) {
-  return {ptr, heads * rows * cols, rows * cols, cols, 1};
-}
 
 using Recompute = qksoftmax::cuda::sm90::BwdConfig<cutlass::bfloat16_t, kHeadDim, false>;
 using SavedP = qksoftmax::cuda::sm90::BwdConfig<cutlass::bfloat16_t, kHeadDim, true>;
@@ -128,12 +123,12 @@ Result run_case(cudaStream_t stream, bool saved_p, int cluster, int clusters, do
   prob.mask = qksoftmax::Mask::kNone;
   prob.mode = saved_p ? qksoftmax::BackwardMode::kSavedP : qksoftmax::BackwardMode::kRecompute;
   prob.scale = 1.0f / std::sqrt(float(kHeadDim));
-  prob.q = operand(q.get(), heads, seq, kHeadDim);
-  prob.k = operand(k.get(), heads, seq, kHeadDim);
-  prob.dp = operand(dp.get(), heads, seq, seq);
-  if (saved_p) prob.p = operand(p.get(), heads, seq, seq);
-  prob.dq = operand(dq.get(), heads, seq, kHeadDim);
-  prob.dk = operand(dk.get(), heads, seq, kHeadDim);
+  prob.q = heads_operand(q.get(), heads, seq, kHeadDim);
+  prob.k = heads_operand(k.get(), heads, seq, kHeadDim);
+  prob.dp = heads_operand(dp.get(), heads, seq, seq);
+  if (saved_p) prob.p = heads_operand(p.get(), heads, seq, seq);
+  prob.dq = heads_operand(dq.get(), heads, seq, kHeadDim);
+  prob.dk = heads_operand(dk.get(), heads, seq, kHeadDim);
 
   double us = 0;
   QKB_TRY(median_call_us(stream, {kWarmup, kRuns, 1}, [&](int) {

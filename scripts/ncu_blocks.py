@@ -20,13 +20,23 @@ OPCODES = 10  # opcodes printed per kernel and per run
 PREDICATE = re.compile(r"^@!?U?P[T0-9]+\s+")
 
 
+def number(text):
+    """A CSV cell as a number (ncu writes thousands separators; an empty or non-numeric cell is 0)."""
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return 0.0
+
+
 def opcode(sass):
     text = PREDICATE.sub("", sass.strip())
     return text.split()[0].split(".")[0] if text else "?"
 
 
-def kernels(rows):
-    """(name, header, lines) per kernel section of the CSV."""
+def read_kernels(path):
+    """(name, header, lines) per kernel section of the CSV at path."""
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
     name, header, lines = None, None, []
     for row in rows:
         if row and row[0] == "Kernel Name":
@@ -43,7 +53,7 @@ def kernels(rows):
 
 def report(name, header, lines, top):
     column = header.index(EXECUTED)
-    counts = [int(float(r[column].replace(",", "") or 0)) for r in lines]
+    counts = [int(number(r[column])) for r in lines]
     total = sum(counts)
     print(f"{name[:110]}\n  executed warp instructions {total:,} over {len(lines)} SASS lines")
     if total == 0:
@@ -73,9 +83,7 @@ def main():
     parser.add_argument("csv")
     parser.add_argument("--top", type=int, default=15, help="heaviest runs to print per kernel")
     args = parser.parse_args()
-    with open(args.csv, newline="") as f:
-        rows = list(csv.reader(f))
-    for name, header, lines in kernels(rows):
+    for name, header, lines in read_kernels(args.csv):
         report(name, header, lines, args.top)
 
 

@@ -3,11 +3,16 @@
 // and the cuBLAS bf16 rate; the exit status.
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "ceilings.h"
+#include "cuda_check.h"
 #include "gpu.h"
 #include "result.h"
 
@@ -35,6 +40,22 @@ void write_json_list(std::FILE* f, const char* key, size_t n, Entry&& entry) {
     entry(f, i);
   }
   std::fprintf(f, "\n]");
+}
+
+inline constexpr double kMicro = 1e-6;  // seconds per µs
+inline constexpr double kTera = 1e12;
+
+// The bits of bf16 1.0: the step benchmarks' operands (the values do not change a kernel's schedule; finite, not
+// zero).
+inline constexpr uint16_t kBf16One = 0x3F80;
+
+// n copies of value into device memory at ptr. The copy is from pageable memory: it has left the host buffer when
+// the call returns.
+template <class T>
+Result fill_value(void* ptr, size_t n, T value, cudaStream_t stream) {
+  const std::vector<T> host(n, value);
+  return cuda_result(cudaMemcpyAsync(ptr, host.data(), n * sizeof(T), cudaMemcpyHostToDevice, stream),
+                     "cudaMemcpyAsync");
 }
 
 // The process's exit status for r, its message on stderr after the program's name.

@@ -1,10 +1,17 @@
-// qksoftmax-step: the step micro-benchmark of the single-pass Hopper backward. Every resident cluster walks
-// the same (batch, key head) `repeat` times: its Q, K and dP stay in L2, so the time per step is the step's
-// own (tensor products, element-wise work, cluster exchange), without DRAM. Non-causal rows of 128·C keys
-// keep every chunk of every CTA live. Printed per mode and cluster size: µs per 64-row step and SM, and the
-// tensor pipe's share: the step's products at the cuBLAS bf16 rate measured in the same run, over the time.
-// With --trace, each case runs once more through a build of the kernel that reads the SM clock at every phase
-// boundary (src/cuda/sm90/trace.h) and prints each role's cycles per step by phase.
+// qksoftmax-step: the step micro-benchmarks of the Hopper backward's two kernels, data in L2, so that the time
+// per step is the step's own (tensor products, element-wise work, exchange or reduce-adds), without DRAM.
+// The single pass: every resident cluster walks the same (batch, key head) `repeat` times: its Q, K and dP stay
+// in L2. Non-causal rows of 128·C keys keep every chunk of every CTA live. Printed per mode and cluster size: µs
+// per 64-row step and SM, and the tensor pipe's share: the step's products at the cuBLAS bf16 rate measured in
+// the same run, over the time.
+// The key-block pass (kb_step.h: its shape, and how its inputs alias to stay in L2), after the single pass's
+// cases in every run rather than behind an option: it is the default backward for rows past 128 keys, its
+// four cases add 18 launches each of 64 steps per SM, and the results file, gpu-check's summary and a
+// revision A/B (REVS_STEP) then carry both kernels' steps. Printed per mode and dQ target (16-bit into dQ, the default; fp32 into the
+// accumulator): µs per launch, µs per 64 × 128 step and SM, products per step, the tensor share, the bytes.
+// With --trace, each single-pass case runs once more through a build of the kernel that reads the SM clock at
+// every phase boundary (src/cuda/sm90/trace.h) and prints each role's cycles per step by phase (the key-block
+// kernel has no such build).
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -17,6 +24,7 @@
 #include "cuda/sm90_instances.h"
 #include "cuda_check.h"
 #include "gpu.h"
+#include "kb_step.h"
 #include "micro.h"
 #include "timing.h"
 
@@ -30,9 +38,6 @@ constexpr int kClusterSizes[] = {1, 2, 4, 8};
 constexpr int kRepeat = 24;
 constexpr int kWarmup = 3;
 constexpr int kRuns = 15;
-constexpr double kMicro = 1e-6;
-constexpr double kTera = 1e12;
-constexpr uint16_t kBf16One = 0x3F80;  // data values do not change the schedule; finite, not zero
 
 struct StepResult {
   std::string mode;
@@ -42,15 +47,6 @@ struct StepResult {
   double tensor_share = 0;  // of the measured bf16 GEMM rate
 };
 
-Result fill(void* ptr, size_t elements, cudaStream_t stream) {
-  std::vector<uint16_t> host(elements, kBf16One);
-  return cuda_result(cudaMemcpyAsync(ptr, host.data(), elements * sizeof(uint16_t), cudaMemcpyHostToDevice, stream),
-                     "cudaMemcpyAsync");
-}
-
-qksoftmax::Operand operand(void* ptr, int64_t heads, int64_t rows, int64_t cols) {
-  return {ptr, heads * rows * cols, rows * cols, cols, 1};
-}
 
 using Recompute = qksoftmax::cuda::sm90::BwdConfig<cutlass::bfloat16_t, kHeadDim, false>;
 using SavedP = qksoftmax::cuda::sm90::BwdConfig<cutlass::bfloat16_t, kHeadDim, true>;
@@ -115,7 +111,9 @@ Result run_case(cudaStream_t stream, bool saved_p, int cluster, int clusters, do
   QKB_TRY(p.allocate(size_t(heads * seq * seq) * 2));
   QKB_TRY(dq.allocate(size_t(heads * seq * kHeadDim) * 2));
   QKB_TRY(dk.allocate(size_t(heads * seq * kHeadDim) * 2));
-  for (const DeviceBuffer* b : {&q, &k, &dp, &p}) QKB_TRY(fill(b->get(), b->bytes() / 2, stream));
+  for (const DeviceBuffer* b : {&q, &k, &dp, &p}) {
+    QKB_TRY(fill_value(b->get(), b->bytes() / sizeof(kBf16One), kBf16One, stream));
+  }
 
   qksoftmax::Problem prob;
   prob.pass = qksoftmax::Pass::kBackward;
@@ -125,12 +123,12 @@ Result run_case(cudaStream_t stream, bool saved_p, int cluster, int clusters, do
   prob.mask = qksoftmax::Mask::kNone;
   prob.mode = saved_p ? qksoftmax::BackwardMode::kSavedP : qksoftmax::BackwardMode::kRecompute;
   prob.scale = 1.0f / std::sqrt(float(kHeadDim));
-  prob.q = operand(q.get(), heads, seq, kHeadDim);
-  prob.k = operand(k.get(), heads, seq, kHeadDim);
-  prob.dp = operand(dp.get(), heads, seq, seq);
-  if (saved_p) prob.p = operand(p.get(), heads, seq, seq);
-  prob.dq = operand(dq.get(), heads, seq, kHeadDim);
-  prob.dk = operand(dk.get(), heads, seq, kHeadDim);
+  prob.q = heads_operand(q.get(), heads, seq, kHeadDim);
+  prob.k = heads_operand(k.get(), heads, seq, kHeadDim);
+  prob.dp = heads_operand(dp.get(), heads, seq, seq);
+  if (saved_p) prob.p = heads_operand(p.get(), heads, seq, seq);
+  prob.dq = heads_operand(dq.get(), heads, seq, kHeadDim);
+  prob.dk = heads_operand(dk.get(), heads, seq, kHeadDim);
 
   double us = 0;
   QKB_TRY(median_call_us(stream, {kWarmup, kRuns, 1}, [&](int) {
@@ -177,7 +175,11 @@ Result run(const std::string& json_path, bool trace) {
       results.push_back(r);
     }
   }
-  if (json_path.empty()) return {};
+  KbStepShape kb_shape;
+  std::vector<KbStepResult> kb_results;
+  // Where the key-block cases fail, the single pass's results are still written; the failure is the exit status.
+  const Result kb = run_kb_steps(micro, &kb_shape, &kb_results);
+  if (json_path.empty()) return kb;
   std::FILE* f = nullptr;
   QKB_TRY(open_micro_json(json_path, micro, &f));
   std::fprintf(f, ", \"repeat\": %d", kRepeat);
@@ -186,9 +188,10 @@ Result run(const std::string& json_path, bool trace) {
     std::fprintf(out, "{\"mode\": \"%s\", \"cluster\": %d, \"launch_us\": %.2f, \"step_us\": %.4f, \"tensor_share\": %.4f}",
                  r.mode.c_str(), r.cluster, r.us, r.step_us, r.tensor_share);
   });
+  if (kb.ok()) write_kb_json(f, kb_shape, kb_results);
   std::fprintf(f, "}\n");
   std::fclose(f);
-  return {};
+  return kb;
 }
 
 }  // namespace

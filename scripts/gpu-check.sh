@@ -121,6 +121,14 @@ has_stage() { [[ " $STAGES " == *" $1 "* ]] && ! { [ "$STOP_ON_FAIL" = 1 ] && [ 
 left() { echo $((BUDGET_S - SECONDS > 1 ? BUDGET_S - SECONDS : 1)); }
 # The budget of a step that may take at most $1 seconds (BUDGET_S=$(within N) run_logged ...).
 within() { echo $((SECONDS + $1 < BUDGET_S ? SECONDS + $1 : BUDGET_S)); }
+# The summary of a qksoftmax-step log ($1): µs per step and tensor share of the single pass at C = 8 and of the
+# key-block pass with dQ in bf16 (its default), per mode (a log without key-block rows, an older revision's,
+# gives the single pass's alone).
+step_summary() {
+  { grep -E '^recompute +8 |^saved_p +8 ' "$1" | awk '{print $1 " C=8 " $4 " us " $5}'
+    grep -E '^kb +(recompute|saved_p) +bf16 ' "$1" | awk '{print "kb " $2 " " $5 " us " $7}'
+  } | paste -sd' '
+}
 run_logged() {  # name, command...: runs within the budget, tees to $LOGS/name.log, returns the command's status
   local name=$1; shift
   echo "=== $name: $*"
@@ -173,10 +181,12 @@ if has_stage ctest; then
   fi
 fi
 
-if has_stage step; then  # the single-pass backward's step micro-benchmark (L2-resident; tensor-pipe share)
+# The step micro-benchmarks of the single-pass backward and of the two-pass backward's key-block pass
+# (L2-resident; µs per step and SM, tensor-pipe share), both in h200-step.json.
+if has_stage step; then
   step_bin=$(find $BUILD -name qksoftmax-step -type f | head -1)
   if run_logged step "$step_bin" $STEP_ARGS "$OUT/h200-step.json"; then
-    record step ok "$(grep -E '^recompute +8 |^saved_p +8 ' "$LOGS/step.log" | awk '{print $1 " C=8 " $5}' | paste -sd' ')"
+    record step ok "$(step_summary "$LOGS/step.log")"
   else
     record step FAIL "see logs/step.log"
   fi
@@ -281,8 +291,7 @@ if has_stage revs; then
         if BUDGET_S=$(within "$REVS_TIMEOUT_S") run_logged "rev-$name-step-$round" \
               "build/gpu-rev-$name/bench/qksoftmax-step" $STEP_ARGS \
               "$OUT/rev-$name-step-$round.json"; then
-          record "step $round" ok "$name: $(grep -E '^recompute +8 |^saved_p +8 ' "$LOGS/rev-$name-step-$round.log" |
-                                            awk '{print $1 " C=8 " $4 " us"}' | paste -sd' ')"
+          record "step $round" ok "$name: $(step_summary "$LOGS/rev-$name-step-$round.log")"
         else
           record "step $round" FAIL "$name: see logs/rev-$name-step-$round.log"
         fi
@@ -475,6 +484,8 @@ if has_stage profile; then
       ncu --import "$OUT/$name.ncu-rep" --page source --print-source sass --csv > "$LOGS/$name-sass.csv" 2>&1
       # the consumer warps' stall reasons, where the kernel is warp-specialised (the single pass)
       python3 scripts/ncu_stalls.py "$LOGS/$name-sass.csv" > "$LOGS/$name-stalls.log" 2>&1 || true
+      # each kernel's executed instructions: opcodes and the heaviest straight-line runs
+      python3 scripts/ncu_blocks.py "$LOGS/$name-sass.csv" > "$LOGS/$name-blocks.log" 2>&1 || true
     done
   done
   done

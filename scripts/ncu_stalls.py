@@ -10,18 +10,12 @@ prologue. Prints, for the consumers, each stall reason's share of their samples 
     scripts/ncu_stalls.py logs/ncu-recompute-S1024-sass.csv [--top 20]
 """
 import argparse
-import csv
 import sys
+
+from ncu_blocks import number, read_kernels
 
 SAMPLES = "Warp Stall Sampling (All Samples)"
 MIN_SHARE = 0.01  # reasons below 1 % of the samples are not printed
-
-
-def number(text):
-    try:
-        return float(text.replace(",", ""))
-    except ValueError:
-        return 0.0
 
 
 def main():
@@ -30,17 +24,16 @@ def main():
     parser.add_argument("--top", type=int, default=20, help="hottest consumer lines to print")
     args = parser.parse_args()
 
-    with open(args.csv, newline="") as f:
-        rows = list(csv.reader(f))
-    header = next(i for i, r in enumerate(rows) if r and r[0] == "Address")
-    names, lines = rows[header], rows[header + 1:]
+    # the first warp-specialised kernel of the CSV (the others, such as the row statistics, have no roles)
+    for _, names, lines in read_kernels(args.csv):
+        starts = [i for i, r in enumerate(lines) if "USETMAXREG.TRY_ALLOC" in r[1]]
+        ends = [i for i, r in enumerate(lines) if "USETMAXREG.DEALLOC" in r[1]]
+        if starts and ends:
+            break
+    else:
+        sys.exit("no USETMAXREG pair in any kernel: no warp-specialised kernel")
     col = {n: i for i, n in enumerate(names)}
     reasons = [n for n in names if n.startswith("stall_") and "Not Issued" not in n]
-
-    starts = [i for i, r in enumerate(lines) if "USETMAXREG.TRY_ALLOC" in r[1]]
-    ends = [i for i, r in enumerate(lines) if "USETMAXREG.DEALLOC" in r[1]]
-    if not starts or not ends:
-        sys.exit("no USETMAXREG pair in this kernel: not a warp-specialised kernel")
     consumers = lines[starts[0]:ends[0]]
 
     total = sum(number(r[col[SAMPLES]]) for r in lines)

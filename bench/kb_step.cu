@@ -1,0 +1,184 @@
+// The key-block pass's cases of qksoftmax-step (kb_step.h): the pass launched through its internal entry point,
+// run_sm90_keyblock, with the row statistics' outputs (LSE, D) and a cleared dQ target provided here, so that
+// the inputs can alias (a Problem that the public API would route elsewhere).
+#include "kb_step.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "cuda/sm90/kb_launch.cuh"
+#include "cuda_check.h"
+#include "gpu.h"
+#include "timing.h"
+
+namespace qkbench {
+namespace {
+
+using Element = cutlass::bfloat16_t;
+template <bool kSavedP, bool kDirectDq>
+using Kb = qksoftmax::cuda::sm90::KbConfig<Element, int(kKbHeadDim), kSavedP, kDirectDq>;
+static_assert(Kb<false, true>::kBlockM == kKbBlockM && Kb<false, true>::kBlockN == kKbBlockN,
+              "kb_step.h's step is the pass's");
+static_assert(sizeof(Element) == kKbElementBytes, "kb_step.h's element size is bf16's");
+
+// kb_step_shape by hand on an H200 (132 SMs): 16 key heads × 8 key blocks = 128 CTAs, 64 steps each; K and dK
+// 16 · 1024 · 128 · 2 B = 4 MiB each, dQ 128 · 512 · 128 · 2 B = 16 MiB, Q 639 · 128 · 2 B = 163 584 B, dP (and
+// P) 639 · 1024 · 2 B = 1 308 672 B, LSE and D 2 KiB each.
+constexpr int64_t kH200Sms = 132;
+constexpr int64_t kMiB = int64_t(1) << 20;
+constexpr KbStepShape kH200Recompute = kb_step_shape(kH200Sms, false, sizeof(Element));
+static_assert(kH200Recompute.key_heads == 16 && kH200Recompute.query_heads == 128 && kH200Recompute.ctas == 128 &&
+                  kH200Recompute.steps_per_cta == 64 && kH200Recompute.shared_rows == 639,
+              "the H200 shape");
+static_assert(kH200Recompute.bytes == 24 * kMiB + 163584 + 1308672 + 4096, "the H200 recompute bytes");
+static_assert(kb_step_shape(kH200Sms, true, sizeof(Element)).bytes == kH200Recompute.bytes + 1308672,
+              "saved-P reads P too");
+static_assert(kb_step_shape(kH200Sms, false, sizeof(float)).bytes == kH200Recompute.bytes + 16 * kMiB,
+              "the fp32 accumulator is twice dQ's size");
+
+constexpr int kWarmup = 3;  // launches that bring the data into L2
+constexpr int kRuns = 15;
+constexpr double kBytesPerMiB = double(kMiB);
+constexpr int kFlopsPerMac = 2;
+// Sᵀ, dK, dQ (kb_mainloop.cuh; its last step also issues an Sᵀ that nothing reads, 1 in 64 not counted).
+constexpr int kProductsRecompute = 3;
+constexpr int kProductsSavedP = 2;     // dK, dQ: P is read, not recomputed
+// D of every row: not the true Σ P ∘ dP of these all-ones inputs (1), which would make every dS zero.
+constexpr float kDelta = 0.5f;
+
+using Launch = qksoftmax::Status (*)(const qksoftmax::Problem&, const qksoftmax::cuda::generic::Params&,
+                                     const qksoftmax::cuda::sm90::DqTarget&, CUstream_st*);
+
+Launch kb_launch(bool saved_p, bool direct_dq) {
+  using qksoftmax::cuda::run_sm90_keyblock;
+  if (saved_p) return direct_dq ? &run_sm90_keyblock<Kb<true, true>> : &run_sm90_keyblock<Kb<true, false>>;
+  return direct_dq ? &run_sm90_keyblock<Kb<false, true>> : &run_sm90_keyblock<Kb<false, false>>;
+}
+
+// Every case's buffers, allocated once at their largest.
+struct KbBuffers {
+  DeviceBuffer q, k, dp, p, rows, dq, dq_accum, dk;
+
+  Result allocate(const KbStepShape& s, cudaStream_t stream) {
+    const size_t e = size_t(kKbElementBytes);
+    QKB_TRY(q.allocate(size_t(s.shared_rows * kKbHeadDim) * e));
+    QKB_TRY(dp.allocate(size_t(s.shared_rows * kKbKeys) * e));
+    QKB_TRY(p.allocate(dp.bytes()));
+    QKB_TRY(k.allocate(size_t(s.key_heads * kKbKeys * kKbHeadDim) * e));
+    QKB_TRY(dk.allocate(k.bytes()));
+    QKB_TRY(dq.allocate(size_t(s.query_heads * kKbRows * kKbHeadDim) * e));
+    QKB_TRY(dq_accum.allocate(size_t(s.query_heads * kKbRows * kKbHeadDim) * sizeof(float)));
+    QKB_TRY(rows.allocate(2 * size_t(kKbRows) * sizeof(float)));  // LSE, then D
+    for (const DeviceBuffer* b : {&q, &k, &dp, &p}) {
+      QKB_TRY(fill_value(b->get(), b->bytes() / sizeof(kBf16One), kBf16One, stream));
+    }
+    return {};
+  }
+  float* lse() const { return static_cast<float*>(rows.get()); }
+  float* delta() const { return lse() + kKbRows; }
+};
+
+// A block of `rows` rows whose head h starts at row h (kb_step.h): head stride one row.
+qksoftmax::Operand shared_rows(void* ptr, int64_t rows, int64_t cols) { return {ptr, rows * cols, cols, cols, 1}; }
+
+qksoftmax::Problem kb_problem(const KbStepShape& s, bool saved_p, const KbBuffers& b) {
+  qksoftmax::Problem prob;
+  prob.pass = qksoftmax::Pass::kBackward;
+  prob.B = 1, prob.Hq = s.query_heads, prob.Hk = s.key_heads, prob.Sq = kKbRows, prob.Sk = kKbKeys;
+  prob.D = kKbHeadDim;
+  prob.dtype = qksoftmax::DType::kBFloat16;
+  prob.device = qksoftmax::Device::kCUDA;
+  prob.mask = qksoftmax::Mask::kNone;
+  prob.mode = saved_p ? qksoftmax::BackwardMode::kSavedP : qksoftmax::BackwardMode::kRecompute;
+  prob.scale = 1.0f / std::sqrt(float(kKbHeadDim));
+  prob.q = shared_rows(b.q.get(), s.shared_rows, kKbHeadDim);
+  prob.dp = shared_rows(b.dp.get(), s.shared_rows, kKbKeys);
+  if (saved_p) prob.p = shared_rows(b.p.get(), s.shared_rows, kKbKeys);
+  prob.k = heads_operand(b.k.get(), s.key_heads, kKbKeys, kKbHeadDim);
+  prob.dk = heads_operand(b.dk.get(), s.key_heads, kKbKeys, kKbHeadDim);
+  prob.dq = heads_operand(b.dq.get(), s.query_heads, kKbRows, kKbHeadDim);
+  return prob;
+}
+
+Result run_case(const MicroRun& micro, const KbStepShape& s, const KbBuffers& b, bool saved_p, bool direct_dq,
+                KbStepResult* out) {
+  namespace qc = qksoftmax::cuda;
+  cudaStream_t stream = micro.stream.get();
+  const qksoftmax::Problem prob = kb_problem(s, saved_p, b);
+  // The statistics pass's outputs, one vector for every head: the true LSE of these all-ones rows (every score
+  // D · scale, over Sk keys), so that recompute's P = 1/Sk; D = kDelta.
+  const float lse = float(kKbHeadDim) * prob.scale + std::log(float(kKbKeys));
+  QKB_TRY(fill_value(b.lse(), size_t(kKbRows), lse, stream));
+  QKB_TRY(fill_value(b.delta(), size_t(kKbRows), kDelta, stream));
+  const qc::generic::RowVec lse_rows{b.lse(), 0, 0, 1}, delta_rows{b.delta(), 0, 0, 1};
+  const qc::generic::Params rows{prob, lse_rows, delta_rows, false};
+  // What the statistics pass clears: cleared once, the launches then add into it (finite: dS is small).
+  const qc::sm90::DqTarget target =
+      qc::dq_target<Element>(prob, direct_dq, static_cast<float*>(b.dq_accum.get()));
+  const DeviceBuffer& cleared = direct_dq ? b.dq : b.dq_accum;
+  QKB_CUDA(cudaMemsetAsync(cleared.get(), 0, cleared.bytes(), stream));
+
+  const Launch launch = kb_launch(saved_p, direct_dq);
+  double us = 0;
+  QKB_TRY(median_call_us(stream, {kWarmup, kRuns, 1}, [&](int) {
+    return library_result(launch(prob, rows, target, stream), "key-block pass");
+  }, &us));
+  const int64_t dq_element_bytes = direct_dq ? kKbElementBytes : int64_t(sizeof(float));
+  const double total_steps = double(s.ctas) * double(s.steps_per_cta);
+  const double active_sms = double(std::min<int64_t>(s.ctas, micro.info.sms));
+  out->mode = saved_p ? "saved_p" : "recompute";
+  out->dq = direct_dq ? "bf16" : "fp32";
+  out->products = saved_p ? kProductsSavedP : kProductsRecompute;
+  out->bytes = kb_step_shape(micro.info.sms, saved_p, dq_element_bytes).bytes;
+  out->us = us;
+  out->step_us = us * active_sms / total_steps;
+  const double flops = double(out->products) * kFlopsPerMac * kKbBlockM * kKbBlockN * kKbHeadDim * total_steps;
+  out->tensor_share = flops / (us * kMicro) / (micro.ceilings.bf16_TFLOPs * kTera);
+  return {};
+}
+
+}  // namespace
+
+Result run_kb_steps(const MicroRun& micro, KbStepShape* shape, std::vector<KbStepResult>* results) {
+  const KbStepShape s = kb_step_shape(micro.info.sms, false, kKbElementBytes);
+  if (s.ctas == 0) return Result("the key-block cases need " + std::to_string(kKbKeys / kKbBlockN) + " SMs or more");
+  *shape = s;
+  KbBuffers buffers;
+  QKB_TRY(buffers.allocate(s, micro.stream.get()));
+  std::printf("key-block pass: %lld key heads x %lld query heads, Sq %lld, Sk %lld, non-causal: %lld CTAs on %d "
+              "SMs, %lld steps each; L2 %.1f MiB\n",
+              (long long)s.key_heads, (long long)kKbGroup, (long long)kKbRows, (long long)kKbKeys,
+              (long long)s.ctas, micro.info.sms, (long long)s.steps_per_cta, double(micro.info.l2_bytes) / kBytesPerMiB);
+  std::printf("step_us/SM = launch_us x active SMs / the steps of all CTAs; tensor = the products at the cuBLAS "
+              "rate over that time\n");
+  std::printf("kb %-10s %-4s %9s %12s %8s %7s %8s\n", "mode", "dq", "launch_us", "step_us/SM", "products",
+              "tensor", "data_MiB");
+  for (bool saved_p : {false, true}) {
+    for (bool direct_dq : {true, false}) {
+      KbStepResult r;
+      QKB_TRY(run_case(micro, s, buffers, saved_p, direct_dq, &r));
+      std::printf("kb %-10s %-4s %9.1f %12.3f %8d %6.1f%% %8.1f\n", r.mode.c_str(), r.dq.c_str(), r.us,
+                  r.step_us, r.products, 100.0 * r.tensor_share, double(r.bytes) / kBytesPerMiB);
+      results->push_back(r);
+    }
+  }
+  return {};
+}
+
+void write_kb_json(std::FILE* f, const KbStepShape& s, const std::vector<KbStepResult>& results) {
+  std::fprintf(f, ", \"key_block_shape\": {\"key_heads\": %lld, \"query_heads\": %lld, \"sq\": %lld, \"sk\": %lld, "
+               "\"ctas\": %lld, \"steps_per_cta\": %lld}",
+               (long long)s.key_heads, (long long)s.query_heads, (long long)kKbRows, (long long)kKbKeys,
+               (long long)s.ctas, (long long)s.steps_per_cta);
+  write_json_list(f, "key_block", results.size(), [&](std::FILE* out, size_t i) {
+    const KbStepResult& r = results[i];
+    std::fprintf(out, "{\"mode\": \"%s\", \"dq\": \"%s\", \"launch_us\": %.2f, \"step_us\": %.4f, \"products\": %d, "
+                 "\"tensor_share\": %.4f, \"bytes\": %lld}",
+                 r.mode.c_str(), r.dq.c_str(), r.us, r.step_us, r.products, r.tensor_share, (long long)r.bytes);
+  });
+}
+
+}  // namespace qkbench

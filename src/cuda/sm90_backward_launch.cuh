@@ -84,7 +84,7 @@ Status run_sm90_backward(const Problem& prob, bool direct_dq, void* workspace, C
     return s;
   }
   // The key-block pass adds its partials into what the row statistics cleared; where that is the accumulator,
-  // the conversion stores it into dQ (scaled where dS did not carry the scale: kScaleInDs).
+  // the conversion stores it into dQ.
   constexpr int kD = Cfg::kHeadDim;
   const bool saved_p = prob.mode == BackwardMode::kSavedP;
   const sm90::DqTarget& target = params.dq_clear;

@@ -85,13 +85,14 @@ struct KbBuffers {
 // A block of `rows` rows whose head h starts at row h (kb_step.h): head stride one row.
 qksoftmax::Operand shared_rows(void* ptr, int64_t rows, int64_t cols) { return {ptr, rows * cols, cols, cols, 1}; }
 
-qksoftmax::Problem kb_problem(const KbStepShape& s, bool saved_p, const KbBuffers& b) {
+qksoftmax::Problem kb_problem(const KbStepShape& s, bool saved_p, const KbBuffers& b, int device) {
   qksoftmax::Problem prob;
   prob.pass = qksoftmax::Pass::kBackward;
   prob.B = 1, prob.Hq = s.query_heads, prob.Hk = s.key_heads, prob.Sq = kKbRows, prob.Sk = kKbKeys;
   prob.D = kKbHeadDim;
   prob.dtype = qksoftmax::DType::kBFloat16;
   prob.device = qksoftmax::Device::kCUDA;
+  prob.device_index = device;  // what the public API resolves from the pointers
   prob.mask = qksoftmax::Mask::kNone;
   prob.mode = saved_p ? qksoftmax::BackwardMode::kSavedP : qksoftmax::BackwardMode::kRecompute;
   prob.scale = 1.0f / std::sqrt(float(kKbHeadDim));
@@ -108,7 +109,9 @@ Result run_case(const MicroRun& micro, const KbStepShape& s, const KbBuffers& b,
                 KbStepResult* out) {
   namespace qc = qksoftmax::cuda;
   cudaStream_t stream = micro.stream.get();
-  const qksoftmax::Problem prob = kb_problem(s, saved_p, b);
+  int device = 0;
+  QKB_CUDA(cudaGetDevice(&device));
+  const qksoftmax::Problem prob = kb_problem(s, saved_p, b, device);
   // The statistics pass's outputs, one vector for every head: the true LSE of these all-ones rows (every score
   // D · scale, over Sk keys), so that recompute's P = 1/Sk; D = kDelta.
   const float lse = float(kKbHeadDim) * prob.scale + std::log(float(kKbKeys));

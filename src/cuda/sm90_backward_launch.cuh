@@ -99,7 +99,7 @@ Status run_sm90_backward(const Problem& prob, bool direct_dq, void* workspace, C
   }
   // The key-block pass adds its partials into what the row statistics cleared and takes its tiles from the
   // counter they set to 0 (kernels of one stream run in order: no memset, no synchronisation); where dQ went into
-  // the accumulator, the conversion stores it into dQ (scaled where dS did not carry the scale: kScaleInDs).
+  // the accumulator, the conversion stores it into dQ.
   constexpr int kD = Cfg::kHeadDim;
   const bool saved_p = prob.mode == BackwardMode::kSavedP;
   const sm90::DqTarget& target = params.dq_clear;

@@ -1,13 +1,13 @@
 // Hopper backward, the last pass where dQ is added through the fp32 accumulator (rows of more than
-// kSm90DirectDqMaxSk keys, or a dQ out of TMA's reach): dQ = the accumulator, scaled where the key-block
-// pass's dS did not carry the scale (kScaleInDs), in dQ's dtype.
+// kSm90DirectDqMaxSk keys, or a dQ out of TMA's reach): dQ = the accumulator, in dQ's dtype. The key-block pass
+// adds finished partials (KbFinish: the scale is in dS or applied before the reduce-add), so none is applied here.
 #pragma once
 
 #include "cuda/sm90_config.h"
 
 namespace qksoftmax::cuda::sm90 {
 
-// dq = dq_accum (· scale where dS did not carry it), converted. A CTA takes items of kConvertItemRows rows of one (b, h), grid-strided;
+// dq = dq_accum, converted. A CTA takes items of kConvertItemRows rows of one (b, h), grid-strided;
 // kHeadDim / 4 consecutive threads share a row (four head dimensions each), and each thread has kBatch rows'
 // loads in flight before it stores.
 inline constexpr int64_t kConvertItemRows = 256;
@@ -35,9 +35,7 @@ __global__ void convert_dq_kernel(const Problem prob, const float* dq_accum) {
       for (int k = 0; k < kBatch; ++k) {
         const int64_t r = r0 + k * stride;
         if (r >= r_end) break;
-        const float scale = kScaleInDs<Element> ? 1.0f : prob.scale;
-        store_converted(dq + r * prob.dq.sr + d, make_float4(v[k].x * scale, v[k].y * scale, v[k].z * scale, v[k].w * scale),
-                        vector);
+        store_converted(dq + r * prob.dq.sr + d, v[k], vector);
       }
     }
   }

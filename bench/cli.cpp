@@ -1,5 +1,6 @@
 #include "cli.h"
 
+#include <algorithm>
 #include <charconv>
 #include <functional>
 #include <map>
@@ -44,7 +45,7 @@ Result parse_count(std::string_view flag, std::string_view text, int minimum, in
   return {};
 }
 
-// "all" (every value) or one value by name.
+// "all" (every value), or values by name separated by commas ("bf16,fp16"), in the order given.
 template <typename T, size_t N>
 Result parse_one_or_all(std::string_view flag, std::string_view text, const T (&all)[N],
                         std::optional<T> (*parse)(std::string_view), const char* (*name_of)(T), std::vector<T>* out) {
@@ -52,13 +53,22 @@ Result parse_one_or_all(std::string_view flag, std::string_view text, const T (&
     out->assign(std::begin(all), std::end(all));
     return {};
   }
-  if (const std::optional<T> value = parse(text)) {
-    *out = {*value};
-    return {};
+  std::vector<T> values;
+  for (size_t begin = 0;;) {
+    const size_t end = std::min(text.find(',', begin), text.size());
+    const std::optional<T> value = parse(text.substr(begin, end - begin));
+    if (!value) {
+      std::string choices;
+      for (T v : all) choices += std::string(name_of(v)) + "|";
+      return Result(std::string(flag) + " wants " + choices + "all or a comma-separated list, got '" +
+                    std::string(text) + "'");
+    }
+    if (std::find(values.begin(), values.end(), *value) == values.end()) values.push_back(*value);
+    if (end == text.size()) break;
+    begin = end + 1;
   }
-  std::string choices;
-  for (T v : all) choices += std::string(name_of(v)) + "|";
-  return Result(std::string(flag) + " wants " + choices + "all, got '" + std::string(text) + "'");
+  *out = std::move(values);
+  return {};
 }
 
 Result parse_impls(std::string_view text, std::vector<std::string>* impls) {
@@ -88,8 +98,8 @@ std::string usage() {
   return "usage: qksoftmax-bench [options]\n"
          "  --suite seed16|long|all   shapes to run (default seed16)\n"
          "  --case B,H,S,D            one shape instead of a suite (repeatable)\n"
-         "  --mode forward|recompute|recompute_lse|saved_p|all   (default all)\n"
-         "  --dtype bf16|fp16|fp32|all                           (default bf16)\n"
+         "  --mode forward|recompute|recompute_lse|saved_p|all   (default all; a comma-separated list)\n"
+         "  --dtype bf16|fp16|fp32|all                           (default bf16; a comma-separated list)\n"
          "  --impl qksoftmax|qksoftmax_deterministic|cublas_unfused|all   (default all)\n"
          "  --no-baseline             same as --impl qksoftmax\n"
          "  --no-mask                 no mask (default causal)\n"

@@ -94,7 +94,9 @@ class Status {
 };
 
 // The workspace is caller-provided memory on the tensors' device, aligned to kWorkspaceAlignment bytes,
-// at least as large as the size query says. Sizes depend on shapes, dtypes, device and options only.
+// at least as large as the size query says. Sizes depend on shapes, dtypes, device and options only. A
+// workspace serves one call in flight at a time: calls ordered on one stream may reuse it, calls that may run
+// at once (other streams, graphs replayed concurrently) need one each.
 inline constexpr size_t kWorkspaceAlignment = 256;
 
 // One call, validated once: made by plan_forward or plan_backward from the call's arguments (every check that

@@ -68,11 +68,12 @@ bool sm90_tma_ready(const Problem& prob) {
 // The backward that run gives the single pass (whatever it then finds, it launches nothing else).
 bool sm90_single_pass(const Problem& prob) { return sm90_tma_ready(prob) && sm90_single_pass_fits(prob); }
 
-// The two-pass backward adds its dQ partials (one per 128-key column block) straight into dQ, scaled and
-// rounded to 16 bits, where dQ is in TMA's reach and a row has at most kSm90DirectDqMaxSk keys: then the sums
-// of at most 8 rounded partials stay well inside the accuracy bar (scripts/dq_rounding.py, S = 1024, causal,
-// N(0, 1) inputs: bf16 2.5e-3, fp16 3.1e-4 of relative error from rounding the partials and their sums, against
-// 1.7e-3 and 2.1e-4 from rounding the output alone). Longer rows go through the fp32 accumulator.
+// The two-pass backward adds its dQ partials (one per 128-key column block) straight into dQ, carrying the
+// scale (KbFinish) and rounded to 16 bits, where dQ is in TMA's reach and a row has at most kSm90DirectDqMaxSk
+// keys: then the sums of at most 8 rounded partials stay well inside the accuracy bar (scripts/dq_rounding.py,
+// S = 1024, causal, N(0, 1) inputs: bf16 2.5e-3, fp16 3.1e-4 of relative error from rounding the partials and
+// their sums, against 1.7e-3 and 2.1e-4 from rounding the output alone). Longer rows go through the fp32
+// accumulator.
 constexpr int64_t kSm90DirectDqMaxSk = 1024;
 bool sm90_direct_dq(const Problem& prob) {
   return prob.Sk <= kSm90DirectDqMaxSk && tma_compatible(prob.dq, dtype_size(prob.dtype));

@@ -40,7 +40,7 @@ namespace qksoftmax::cuda::sm90 {
 
 using namespace cute;
 
-// The steps of a CTA's key block in order, (query head of the group, row block), advanced without divisions:
+// The steps of a tile's key block in order, (query head of the group, row block), advanced without divisions:
 // the row blocks from `first` (causal: the first that sees a key of the block) of each query head in turn.
 struct StepCursor {
   int64_t head;
@@ -195,8 +195,7 @@ struct KbConfig {
   using TilePipeline = cutlass::PipelineAsync<kTileSlots>;
   // The ring's readers, each of which releases a slot once it has read it: every lane of the rows and dQ warps
   // and every consumer thread.
-  static constexpr int kTileReaders = 32 + 32 + kConsumerThreads;
-
+  static constexpr int kTileReaders = 2 * cutlass::NumThreadsPerWarp + kConsumerThreads;
 
   // Each tile starts on a 1024-byte boundary, the period of the 128-byte swizzle.
   template <int kKBuffers_>

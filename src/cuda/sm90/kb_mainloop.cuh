@@ -71,9 +71,9 @@ struct KbMainloop {
     auto thr_s = mma_s.get_thread_slice(tid);
     using FragS = decltype(partition_fragment_C(mma_s, Shape<HF, BM>{}));  // (MMA, 1, 1) fp32
     using FragS16 = decltype(make_fragment_like<Element>(FragS{}));        // (MMA, 1, 1)
-    // This consumer's keys of K buffer b, (HF, D).
-    const auto k_of = [&](int b) { return local_tile(sK(_, _, b), Shape<HF, HD>{}, make_coord(w, 0)); };
-    Tensor tSrK = thr_s.partition_fragment_A(k_of(0));                                 // (MMA, 1, D/16) registers
+    // This consumer's keys of K buffer b: (HF, D).
+    const auto sKw_of = [&](int b) { return local_tile(sK(_, _, b), Shape<HF, HD>{}, make_coord(w, 0)); };
+    Tensor tSrK = thr_s.partition_fragment_A(sKw_of(0));                                 // (MMA, 1, D/16) registers
     const Tensor tSrQ = thr_s.partition_fragment_B(sQ);                                // (MMA, 1, D/16, ST)
     typename Cfg::CopyKA s2r_k;
     auto thr_s2r_k = s2r_k.get_thread_slice(tid);
@@ -226,7 +226,7 @@ struct KbMainloop {
         ++k_loads;
         Cfg::TxBarrier::wait(&st.k_full[k_use.buffer], k_use.phase);
         if constexpr (!kSavedP) {
-          copy(s2r_k, thr_s2r_k.partition_S(k_of(k_use.buffer)), thr_s2r_k.retile_D(tSrK));  // resident
+          copy(s2r_k, thr_s2r_k.partition_S(sKw_of(k_use.buffer)), thr_s2r_k.retile_D(tSrK));  // resident
           stage_pipe.consumer_wait(stage_state);  // Sᵀ of step 0
           issue_s(stage_state.index(), tSrS);
           warpgroup_wait<0>();

@@ -19,6 +19,10 @@ using namespace cute;
 
 // log2(e): the kernels take exponentials as 2^x (ex2), with S and LSE scaled by it.
 inline constexpr float kLog2e = 1.4426950408889634f;
+// Shared memory on sm_90: at most 227 KB for one CTA, 228 KB per SM for all its CTAs (each of which the
+// runtime gives 1 KB of its own).
+inline constexpr int kSm90SmemPerCta = 227 * 1024;
+inline constexpr int kSm90SmemPerSm = 228 * 1024;
 
 // A TMA load of tiles (shared-memory layout SmemLayout) from a (rows, Cols, head, batch) global view with unit
 // stride along Cols: Cols = Int<D> for Q and K, int32_t for P and dP.
@@ -237,7 +241,7 @@ struct Config {
   };
   static constexpr int kSmemBytes = int(sizeof(RowStatsStorage));
   // An SM has 228 KB of shared memory, of which each resident CTA takes 1 KB for the system.
-  static_assert(kSmemBytes + 1024 <= 228 * 1024 / kMinBlocksPerSm, "the row statistics' CTAs per SM do not fit");
+  static_assert(kSmemBytes + 1024 <= kSm90SmemPerSm / kMinBlocksPerSm, "the row statistics' CTAs per SM do not fit");
 
   struct Params {
     Problem prob;
@@ -363,8 +367,23 @@ __device__ void store_matrices(const Addr& addr, uint32_t offset, const Frag& fr
   for_each_access(addr, [&](int a, int m, int n) { store_matrix(addr(a, m, n) + offset, frag(make_coord(_, a), m, n)); });
 }
 
+// Shared memory by address (smem_addr), where a thread reads or writes what another role or the async proxy
+// uses.
 __device__ inline void store_shared_f2(uint32_t addr, float x, float y) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};" : : "r"(addr), "f"(x), "f"(y) : "memory");
+}
+__device__ inline float2 load_shared_f2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+  return v;
+}
+__device__ inline void store_shared_s32(uint32_t addr, int v) {
+  asm volatile("st.shared.s32 [%0], %1;" : : "r"(addr), "r"(v) : "memory");
+}
+__device__ inline int load_shared_s32(uint32_t addr) {
+  int v;
+  asm volatile("ld.shared.s32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+  return v;
 }
 
 }  // namespace qksoftmax::cuda::sm90

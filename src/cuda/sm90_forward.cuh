@@ -69,7 +69,7 @@ struct ForwardConfig {
   };
   static constexpr int kSmemBytes = int(sizeof(Storage));
   // An SM has 228 KB of shared memory, of which each resident CTA takes 1 KB for the system.
-  static_assert(kSmemBytes + 1024 <= 228 * 1024 / kCtasPerSm, "the forward's CTAs per SM do not fit");
+  static_assert(kSmemBytes + 1024 <= kSm90SmemPerSm / kCtasPerSm, "the forward's CTAs per SM do not fit");
 
   struct Params {
     Problem prob;

@@ -159,7 +159,7 @@ struct BwdConfig {
     alignas(8) uint64_t dq_empty[kBuffers];
   };
   static constexpr int kSmemBytes = int(sizeof(Storage));
-  static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
+  static_assert(kSmemBytes <= kSm90SmemPerCta, "one CTA per SM");
 
   struct Loads {
     TmaQ q;

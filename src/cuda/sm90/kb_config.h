@@ -106,7 +106,6 @@ struct KbConfig {
   static constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);
   static constexpr int kConsumerThreads = kWarpgroupThreads * kConsumers;
   static constexpr int kCtasPerSm = 1;  // (shared memory): a persistent grid of one CTA per SM
-  static constexpr int kMaxSmemBytes = 227 * 1024;  // a CTA's shared memory on sm_90
   // The producer warpgroup's warps.
   static constexpr int kLoadWarp = 0;
   static constexpr int kRowsWarp = 1;
@@ -218,11 +217,11 @@ struct KbConfig {
   // K of a tile: two buffers where shared memory holds them (16-bit dQ staging: 195 → 227 KB in recompute),
   // so that the next tile's K loads while this one runs; otherwise one, reloaded once the tile's last dQ
   // product has read it, while its dQ and dK epilogue runs and the next tile's first stages are already in.
-  static constexpr int kKBuffers = sizeof(StorageOf<2>) <= size_t(kMaxSmemBytes) ? 2 : 1;
+  static constexpr int kKBuffers = sizeof(StorageOf<2>) <= size_t(kSm90SmemPerCta) ? 2 : 1;
   using KB = Int<kKBuffers>;
   using Storage = StorageOf<kKBuffers>;
   static constexpr int kSmemBytes = int(sizeof(Storage));
-  static_assert(kSmemBytes <= kMaxSmemBytes, "the key-block pass's shared memory exceeds a CTA's 227 KB");
+  static_assert(kSmemBytes <= kSm90SmemPerCta, "the key-block pass's shared memory exceeds a CTA's 227 KB");
   // K by buffer, (keys, d, K buffer) as TMA writes each buffer, and its transposed view (d, keys, K buffer),
   // the dQ product's B operand.
   using SmemLayoutKB = decltype(tile_to_shape(SmemAtom{}, Shape<BN, HD, KB>{}));
@@ -265,15 +264,6 @@ struct KbWork {
   __device__ StepCursor first() const { return {kv_head * group, first_row_block}; }
   __device__ void advance(StepCursor& at) const { at.advance(first_row_block, row_blocks); }
 };
-
-__device__ inline void store_shared_s32(uint32_t addr, int v) {
-  asm volatile("st.shared.s32 [%0], %1;" : : "r"(addr), "r"(v) : "memory");
-}
-__device__ inline int load_shared_s32(uint32_t addr) {
-  int v;
-  asm volatile("ld.shared.s32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
-  return v;
-}
 
 // The load thread's side of the tile ring: it takes the CTA's first tile, its own index, without the counter,
 // publishes every index it takes (the end of work, the order's tiles, included, so that every reader stops),

@@ -28,12 +28,6 @@
 
 namespace qksoftmax::cuda::sm90 {
 
-__device__ inline float2 load_shared_f2(uint32_t addr) {
-  float2 v;
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
-  return v;
-}
-
 template <class Cfg>
 struct KbMainloop {
   using Element = typename Cfg::Element;

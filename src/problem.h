@@ -33,6 +33,10 @@ constexpr size_t dtype_size(DType t) {
 
 enum class Pass : uint8_t { kForward, kBackward };
 
+// How the mask and the problem's edges (KeyRange) cut a tile: not at all, by the causal diagonal alone (one
+// compare per element), or row by row (each row's count of columns).
+enum class BlockCut { kNone, kDiagonal, kRows };
+
 // The mask's geometry: which key columns each query row sees. Small enough for a kernel to keep in registers.
 struct KeyRange {
   bool causal = false;
@@ -59,6 +63,12 @@ struct KeyRange {
   // column n0 + c exactly where c − r ≤ m0 − n0.
   constexpr bool diagonal_only(int64_t m0, int rows, int64_t n0, int width) const {
     return causal && m0 + rows <= Sq && n0 + width <= Sk;
+  }
+  // The kind of cut of that tile.
+  constexpr BlockCut cut(int64_t m0, int rows, int64_t n0, int width) const {
+    return !cuts(m0, rows, n0, width)           ? BlockCut::kNone
+           : diagonal_only(m0, rows, n0, width) ? BlockCut::kDiagonal
+                                                : BlockCut::kRows;
   }
 };
 

@@ -113,11 +113,8 @@ struct SumOp {
 template <class Element>
 inline constexpr bool kScaleInDs = std::is_same_v<Element, cutlass::bfloat16_t>;
 
-// How the mask and the problem's edges (KeyRange) cut a tile: not at all, by the causal diagonal alone (one
-// compare per element), or row by row (each row's count of columns).
-enum class BlockCut { kNone, kDiagonal, kRows };
-
-// Calls f(std::integral_constant<BlockCut, cut>{}): the element-wise code compiled once per kind of cut.
+// Calls f(std::integral_constant<BlockCut, cut>{}) for a KeyRange::cut: the element-wise code compiled once
+// per kind of cut.
 template <class F>
 __device__ inline void with_cut(BlockCut cut, F&& f) {
   if (cut == BlockCut::kNone) {

@@ -132,10 +132,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     // Only the tiles that the mask or the last row cuts pay for per-element compares, one per element where the
     // causal diagonal alone cuts the tile (column − row ≤ m0 − n0 there, clamped to [−kBlockM, kBlockM]).
     const int diagonal = int(cute::max(cute::min(m0 - n0, int64_t(Cfg::kBlockM)), int64_t(-Cfg::kBlockM)));
-    const BlockCut cut = !keys.cuts(m0, Cfg::kBlockM, n0, kBlockN)                 ? BlockCut::kNone
-                         : keys.diagonal_only(m0, Cfg::kBlockM, n0, kBlockN) ? BlockCut::kDiagonal
-                                                                              : BlockCut::kRows;
-    with_cut(cut, [&](auto kind) {
+    with_cut(keys.cut(m0, Cfg::kBlockM, n0, kBlockN), [&](auto kind) {
       constexpr BlockCut kCut = decltype(kind)::value;
       CUTE_UNROLL
       for (int ri = 0; ri < kRows; ++ri) {

@@ -156,6 +156,8 @@ struct KbMainloop {
           }
         }
       };
+      // KeyRange::cut's kinds, and before the diagonal's a block that no row of the step sees (on the causal
+      // diagonal, the consumer whose 64 keys all lie past the step's rows).
       if (!keys.cuts(m0, kBlockM, n0w, kHalf)) {
         elementwise(std::integral_constant<BlockCut, BlockCut::kNone>{}, 0);
       } else if (keys.sees_none(m0, kBlockM, n0w)) {

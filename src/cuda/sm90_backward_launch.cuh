@@ -21,9 +21,9 @@ inline size_t dq_accum_bytes(const Problem& prob) {
   return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
 }
 
-// The key-block pass's tile counter (sm90/kb_scheduler.h), one int32 of the workspace: a call's own memory, so
-// that calls on different streams never share it. It takes a whole alignment unit, so that the accumulator
-// after it stays aligned.
+// The key-block pass's tile counter (sm90/kb_scheduler.h), one int32 of the workspace, which serves one call
+// in flight at a time (qksoftmax.h). It takes a whole alignment unit, so that the accumulator after it stays
+// aligned.
 inline constexpr size_t kKbTileCounterBytes = kWorkspaceAlignment;
 
 // The two-pass backward's workspace: the generic row vectors (LSE, D), the tile counter, and the fp32

@@ -1,17 +1,21 @@
 // The key-block pass's cases of qksoftmax-step (kb_step.h): the pass launched through its internal entry point,
 // run_sm90_keyblock, with the row statistics' outputs (LSE, D) and a cleared dQ target provided here, so that
-// the inputs can alias (a Problem that the public API would route elsewhere).
+// the inputs can alias (a Problem that the public API would route elsewhere). With --trace, each case runs once
+// more through a traced build of the pass (TracedKb) and prints each role's cycles per step by phase.
 #include "kb_step.h"
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <iterator>
 #include <string>
 
 #include "cuda/sm90/kb_launch.cuh"
 #include "cuda_check.h"
 #include "gpu.h"
+#include "phase_trace.cuh"
 #include "timing.h"
 
 namespace qkbench {
@@ -23,6 +27,11 @@ using Kb = qksoftmax::cuda::sm90::KbConfig<Element, int(kKbHeadDim), kSavedP, kD
 static_assert(Kb<false, true>::kBlockM == kKbBlockM && Kb<false, true>::kBlockN == kKbBlockN,
               "kb_step.h's step is the pass's");
 static_assert(sizeof(Element) == kKbElementBytes, "kb_step.h's element size is bf16's");
+// The traced build of a case (phase_trace.cuh): the same config, its roles reading the SM clock.
+template <bool kSavedP, bool kDirectDq>
+struct TracedKb : Kb<kSavedP, kDirectDq> {
+  using Trace = PhaseTrace;
+};
 
 // kb_step_shape by hand on an H200 (132 SMs): 16 key heads × 8 key blocks = 128 CTAs, 64 steps each; K and dK
 // 16 · 1024 · 128 · 2 B = 4 MiB each, dQ 128 · 512 · 128 · 2 B = 16 MiB, Q 639 · 128 · 2 B = 163 584 B, dP (and
@@ -52,11 +61,28 @@ constexpr float kDelta = 0.5f;
 using Launch = qksoftmax::Status (*)(const qksoftmax::Problem&, const qksoftmax::cuda::generic::Params&,
                                      const qksoftmax::cuda::sm90::DqTarget&, int*, CUstream_st*);
 
+// The launch of a case's config, Cfg<kSavedP, kDirectDq>: Kb or TracedKb.
+template <template <bool, bool> class Cfg>
 Launch kb_launch(bool saved_p, bool direct_dq) {
   using qksoftmax::cuda::run_sm90_keyblock;
-  if (saved_p) return direct_dq ? &run_sm90_keyblock<Kb<true, true>> : &run_sm90_keyblock<Kb<true, false>>;
-  return direct_dq ? &run_sm90_keyblock<Kb<false, true>> : &run_sm90_keyblock<Kb<false, false>>;
+  if (saved_p) return direct_dq ? &run_sm90_keyblock<Cfg<true, true>> : &run_sm90_keyblock<Cfg<true, false>>;
+  return direct_dq ? &run_sm90_keyblock<Cfg<false, true>> : &run_sm90_keyblock<Cfg<false, false>>;
 }
+
+// Names of each role's phases (trace.h's KbTracePhase), in the order of the enum.
+using qksoftmax::cuda::sm90::KbTracePhase;
+using qksoftmax::cuda::sm90::KbTraceRole;
+constexpr const char* kKbConsumerPhases[] = {"stage wait", "dP ldmatrix", "rows wait", "dS",
+                                             "dS stmatrix", "wait dQ", "issue S", "issue dK",
+                                             "write dQ", "dS barrier", "issue dQ", "wait S dK",
+                                             "tile start", "tile end"};
+constexpr const char* kKbLoadPhases[] = {"acquire", "issue loads"};
+constexpr const char* kKbRowsPhases[] = {"acquire", "write"};
+constexpr const char* kKbDqPhases[] = {"full wait", "reduce-add"};
+static_assert(int(std::size(kKbConsumerPhases)) == int(KbTracePhase::kCount), "a name per consumer phase");
+static_assert(std::size(kKbLoadPhases) == std::size(kKbRowsPhases) &&
+                  std::size(kKbRowsPhases) == std::size(kKbDqPhases),
+              "a line per phase of the load thread, the rows warp and the dQ warp");
 
 // Every case's buffers, allocated once at their largest.
 struct KbBuffers {
@@ -105,8 +131,30 @@ qksoftmax::Problem kb_problem(const KbStepShape& s, bool saved_p, const KbBuffer
   return prob;
 }
 
+// One launch of the case's traced build (its inputs and dQ target as the timed launches left them); each role's
+// cycles per step (of one CTA) by phase, over `steps` steps of all CTAs.
+Result trace_case(cudaStream_t stream, const qksoftmax::Problem& prob, const qksoftmax::cuda::generic::Params& rows,
+                  const qksoftmax::cuda::sm90::DqTarget& target, int* counter, bool saved_p, bool direct_dq,
+                  double steps) {
+  QKB_TRY(clear_trace(stream));
+  QKB_CUDA(cudaMemsetAsync(counter, 0, sizeof(int), stream));
+  QKB_TRY(library_result(kb_launch<TracedKb>(saved_p, direct_dq)(prob, rows, target, counter, stream),
+                         "traced key-block pass"));
+  PhaseCycles c;
+  QKB_TRY(read_trace(stream, &c));
+  print_consumer_trace(c, int(KbTraceRole::kConsumer0), int(KbTraceRole::kConsumer1), kKbConsumerPhases,
+                       int(KbTracePhase::kCount), steps);
+  for (int ph = 0; ph < int(std::size(kKbLoadPhases)); ++ph) {
+    std::printf("  load %-12s %7.0f   rows %-10s %7.0f   dq %-12s %7.0f\n", kKbLoadPhases[ph],
+                c.per_step(int(KbTraceRole::kLoad), ph, steps), kKbRowsPhases[ph],
+                c.per_step(int(KbTraceRole::kRows), ph, steps), kKbDqPhases[ph],
+                c.per_step(int(KbTraceRole::kDq), ph, steps));
+  }
+  return {};
+}
+
 Result run_case(const MicroRun& micro, const KbStepShape& s, const KbBuffers& b, bool saved_p, bool direct_dq,
-                KbStepResult* out) {
+                bool trace, KbStepResult* out) {
   namespace qc = qksoftmax::cuda;
   cudaStream_t stream = micro.stream.get();
   int device = 0;
@@ -125,7 +173,7 @@ Result run_case(const MicroRun& micro, const KbStepShape& s, const KbBuffers& b,
   const DeviceBuffer& cleared = direct_dq ? b.dq : b.dq_accum;
   QKB_CUDA(cudaMemsetAsync(cleared.get(), 0, cleared.bytes(), stream));
 
-  const Launch launch = kb_launch(saved_p, direct_dq);
+  const Launch launch = kb_launch<Kb>(saved_p, direct_dq);
   double us = 0;
   // The pass's tile counter, which the row statistics set to 0 before it: here a 4-byte memset before each
   // launch, inside the timed interval (~1 % of a launch).
@@ -145,12 +193,16 @@ Result run_case(const MicroRun& micro, const KbStepShape& s, const KbBuffers& b,
   out->step_us = us * active_sms / total_steps;
   const double flops = double(out->products) * kFlopsPerMac * kKbBlockM * kKbBlockN * kKbHeadDim * total_steps;
   out->tensor_share = flops / (us * kMicro) / (micro.ceilings.bf16_TFLOPs * kTera);
+  if (trace) {
+    std::printf("kb %s, dq %s: %.3f us per step\n", out->mode.c_str(), out->dq.c_str(), out->step_us);
+    QKB_TRY(trace_case(stream, prob, rows, target, counter, saved_p, direct_dq, total_steps));
+  }
   return {};
 }
 
 }  // namespace
 
-Result run_kb_steps(const MicroRun& micro, KbStepShape* shape, std::vector<KbStepResult>* results) {
+Result run_kb_steps(const MicroRun& micro, bool trace, KbStepShape* shape, std::vector<KbStepResult>* results) {
   const KbStepShape s = kb_step_shape(micro.info.sms, false, kKbElementBytes);
   if (s.ctas == 0) return Result("the key-block cases need " + std::to_string(kKbKeys / kKbBlockN) + " SMs or more");
   *shape = s;
@@ -167,7 +219,7 @@ Result run_kb_steps(const MicroRun& micro, KbStepShape* shape, std::vector<KbSte
   for (bool saved_p : {false, true}) {
     for (bool direct_dq : {true, false}) {
       KbStepResult r;
-      QKB_TRY(run_case(micro, s, buffers, saved_p, direct_dq, &r));
+      QKB_TRY(run_case(micro, s, buffers, saved_p, direct_dq, trace, &r));
       std::printf("kb %-10s %-4s %9.1f %12.3f %8d %6.1f%% %8.1f\n", r.mode.c_str(), r.dq.c_str(), r.us,
                   r.step_us, r.products, 100.0 * r.tensor_share, double(r.bytes) / kBytesPerMiB);
       results->push_back(r);

@@ -9,14 +9,15 @@
 // four cases add 18 launches each of 64 steps per SM, and the results file, gpu-check's summary and a
 // revision A/B (REVS_STEP) then carry both kernels' steps. Printed per mode and dQ target (16-bit into dQ, the default; fp32 into the
 // accumulator): µs per launch, µs per 64 × 128 step and SM, products per step, the tensor share, the bytes.
-// With --trace, each single-pass case runs once more through a build of the kernel that reads the SM clock at
-// every phase boundary (src/cuda/sm90/trace.h) and prints each role's cycles per step by phase (the key-block
-// kernel has no such build).
+// With --trace, each case of either kernel runs once more through a build of the kernel that reads the SM clock
+// at every phase boundary (src/cuda/sm90/trace.h, phase_trace.cuh) and prints each role's cycles per step by
+// phase.
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,7 @@
 #include "gpu.h"
 #include "kb_step.h"
 #include "micro.h"
+#include "phase_trace.cuh"
 #include "timing.h"
 
 namespace qkbench {
@@ -51,19 +53,13 @@ struct StepResult {
 using Recompute = qksoftmax::cuda::sm90::BwdConfig<cutlass::bfloat16_t, kHeadDim, false>;
 using SavedP = qksoftmax::cuda::sm90::BwdConfig<cutlass::bfloat16_t, kHeadDim, true>;
 
-// The phase clocks of the traced build: cycles summed over every CTA, by role and phase.
+// The traced build (phase_trace.cuh): the same config, its roles reading the SM clock.
 using qksoftmax::cuda::sm90::TracePhase;
 using qksoftmax::cuda::sm90::TraceRole;
-constexpr int kRoles = int(TraceRole::kCount), kPhases = int(TracePhase::kCount);
-__device__ unsigned long long g_trace[kRoles][kPhases];
-struct TraceSink {
-  __device__ static void add(int role, int phase, uint32_t cycles) {
-    atomicAdd(&g_trace[role][phase], static_cast<unsigned long long>(cycles));
-  }
-};
+constexpr int kPhases = int(TracePhase::kCount);
 template <bool kSavedP>
 struct Traced : qksoftmax::cuda::sm90::BwdConfig<cutlass::bfloat16_t, kHeadDim, kSavedP> {
-  using Trace = qksoftmax::cuda::sm90::ClockTrace<TraceSink>;
+  using Trace = PhaseTrace;
 };
 // Names of each role's phases (trace.h), in the order of the enum.
 constexpr const char* kConsumerPhases[] = {"stage wait", "issue S", "stats wait", "combine", "dS",
@@ -71,31 +67,21 @@ constexpr const char* kConsumerPhases[] = {"stage wait", "issue S", "stats wait"
                                            "push stats", "wait dK dQ", "dQ empty", "send dQ", "item"};
 constexpr const char* kReducerPhases[] = {"dQ full wait", "reduce"};
 constexpr const char* kProducerPhases[] = {"acquire", "issue loads"};
-static_assert(sizeof(kConsumerPhases) / sizeof(kConsumerPhases[0]) == kPhases, "a name per consumer phase");
+static_assert(int(std::size(kConsumerPhases)) == kPhases, "a name per consumer phase");
 
 // One launch of the traced build; each role's cycles per step (of one CTA) by phase.
 Result trace_case(cudaStream_t stream, const qksoftmax::Problem& prob, bool saved_p, double steps) {
-  unsigned long long zero[kRoles][kPhases] = {}, sums[kRoles][kPhases];
-  QKB_TRY(cuda_result(cudaMemcpyToSymbolAsync(g_trace, zero, sizeof zero, 0, cudaMemcpyHostToDevice, stream),
-                      "cudaMemcpyToSymbolAsync"));
+  QKB_TRY(clear_trace(stream));
   const qksoftmax::Status s = saved_p ? qksoftmax::cuda::run_sm90_bwd<Traced<true>>(prob, stream, kRepeat)
                                       : qksoftmax::cuda::run_sm90_bwd<Traced<false>>(prob, stream, kRepeat);
   QKB_TRY(library_result(s, "traced single-pass backward"));
-  QKB_TRY(cuda_result(cudaMemcpyFromSymbolAsync(sums, g_trace, sizeof sums, 0, cudaMemcpyDeviceToHost, stream),
-                      "cudaMemcpyFromSymbolAsync"));
-  QKB_TRY(cuda_result(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
-  const auto per_step = [&](int role, int phase) { return double(sums[role][phase]) / steps; };
-  double total[2] = {0, 0};
-  std::printf("  %-12s %9s %9s   cycles per step\n", "consumer", "wg 1", "wg 2");
-  for (int ph = 0; ph < kPhases; ++ph) {
-    const double c0 = per_step(int(TraceRole::kConsumer0), ph), c1 = per_step(int(TraceRole::kConsumer1), ph);
-    total[0] += c0, total[1] += c1;
-    std::printf("  %-12s %9.0f %9.0f\n", kConsumerPhases[ph], c0, c1);
-  }
-  std::printf("  %-12s %9.0f %9.0f\n", "total", total[0], total[1]);
-  for (int ph = 0; ph < 2; ++ph) {
+  PhaseCycles c;
+  QKB_TRY(read_trace(stream, &c));
+  print_consumer_trace(c, int(TraceRole::kConsumer0), int(TraceRole::kConsumer1), kConsumerPhases, kPhases, steps);
+  for (int ph = 0; ph < int(std::size(kReducerPhases)); ++ph) {
     std::printf("  reducer %-14s %7.0f   producer %-12s %7.0f\n", kReducerPhases[ph],
-                per_step(int(TraceRole::kReducer), ph), kProducerPhases[ph], per_step(int(TraceRole::kProducer), ph));
+                c.per_step(int(TraceRole::kReducer), ph, steps), kProducerPhases[ph],
+                c.per_step(int(TraceRole::kProducer), ph, steps));
   }
   return {};
 }
@@ -178,7 +164,7 @@ Result run(const std::string& json_path, bool trace) {
   KbStepShape kb_shape;
   std::vector<KbStepResult> kb_results;
   // Where the key-block cases fail, the single pass's results are still written; the failure is the exit status.
-  const Result kb = run_kb_steps(micro, &kb_shape, &kb_results);
+  const Result kb = run_kb_steps(micro, trace, &kb_shape, &kb_results);
   if (json_path.empty()) return kb;
   std::FILE* f = nullptr;
   QKB_TRY(open_micro_json(json_path, micro, &f));

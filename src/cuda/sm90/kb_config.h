@@ -33,6 +33,7 @@
 
 #include "cuda/generic_config.h"
 #include "cuda/sm90/kb_scheduler.h"
+#include "cuda/sm90/trace.h"
 #include "cuda/sm90_config.h"
 #include "problem.h"
 
@@ -110,6 +111,7 @@ struct KbConfig {
   static constexpr int kLoadWarp = 0;
   static constexpr int kRowsWarp = 1;
   static constexpr int kDqWarp = 2;
+  using Trace = NoTrace;  // the step micro-benchmark's configs time the phases (trace.h)
   // Registers per thread by role (setmaxnreg): a consumer holds dK (64), K_w as Sᵀ's A operand (32), Sᵀ (32), the
   // dQ partial of its turn (64, in flight into the next step), dS as the dK product's operand (16) and dP (16).
   // setmaxnreg moves registers between

@@ -8,6 +8,7 @@
 #include <cutlass/arch/barrier.h>
 
 #include "cuda/sm90/kb_config.h"
+#include "cuda/sm90/trace.h"
 
 namespace qksoftmax::cuda::sm90 {
 
@@ -29,6 +30,7 @@ struct KbDqWriter {
     constexpr int kBuffers = Cfg::kBuffers;
     Tensor mdQ = params.tma_dq.get_tma_tensor(make_shape(int32_t(prob.Sq), HD{}, int32_t(prob.Hq), int32_t(prob.B)));
     int t = 0;  // the CTA's steps so far
+    typename Cfg::Trace trace(KbTraceRole::kDq, true);
     KbTileReader<Cfg> tiles(params, st);
     for (KbTile tile; tiles.next(tile);) {
       const KbWork<Cfg> work(params.order, tile);
@@ -41,6 +43,7 @@ struct KbDqWriter {
         // The reduce-add of step t − 2 read buffer buf (its wait ended step t − 1): step t may write it.
         if (t >= kBuffers) cutlass::arch::NamedBarrier::arrive(Cfg::kDqBarrierThreads, Cfg::kDqEmptyBarrier + buf);
         cutlass::arch::NamedBarrier::sync(Cfg::kDqBarrierThreads, Cfg::kDqFullBarrier + buf);
+        trace.mark(KbTracePhase::kDqFullWait);
         if (lane == 0) {
           Tensor sdQ = make_tensor(make_smem_ptr(st.dq[buf].data()), typename Cfg::SmemLayoutdQ{});  // (BM, D)
           Tensor gdQ = local_tile(mdQ(_, _, h, work.b), Shape<BM, HD>{}, make_coord(mb, 0));           // (BM, D)
@@ -49,6 +52,7 @@ struct KbDqWriter {
           tma_store_wait<1>();  // the reduce-add of step t − 1 has read its buffer
         }
         __syncwarp();
+        trace.mark(KbTracePhase::kReduceAdd);
       }
     }
     if (lane == 0) tma_store_wait<0>();  // the reduce-adds read shared memory until they complete

@@ -25,6 +25,7 @@
 
 #include "cuda/sm90/kb_config.h"
 #include "cuda/sm90/kb_epilogue.cuh"
+#include "cuda/sm90/trace.h"
 
 namespace qksoftmax::cuda::sm90 {
 
@@ -48,6 +49,7 @@ struct KbMainloop {
     constexpr int kDsBarrierThreads = Cfg::kConsumerThreads;
     const Problem& prob = params.prob;
     const int tid = threadIdx.x % Cfg::kWarpgroupThreads;
+    typename Cfg::Trace trace(w == 0 ? KbTraceRole::kConsumer0 : KbTraceRole::kConsumer1, tid < 32);
     const KeyRange keys = prob.keys();
     const float scale_log2 = prob.scale * kLog2e;
 
@@ -229,6 +231,7 @@ struct KbMainloop {
           warpgroup_fence_operand(tSrS);
         }
       }
+      trace.mark(KbTracePhase::kTileStart);
       // In flight at the top of step t of the tile (g of the CTA): dQ of step g − 1 where it was this consumer's
       // turn and t > 0.
       for (int t = 0; t < work.steps; ++t, ++g) {
@@ -239,19 +242,24 @@ struct KbMainloop {
         auto next_state = stage_state;
         ++next_state;
         if constexpr (kSavedP) stage_pipe.consumer_wait(stage_state);
+        trace.mark(KbTracePhase::kStageWait);
 
         FragS16 tSrdP, tSrP;  // (MMA, 1, 1); tSrP saved-P
         copy(s2r, thr_s2r.partition_S(Cfg::consumer_keys(sdPt(_, _, stage), w)), thr_s2r.retile_D(tSrdP));
         if constexpr (kSavedP) {
           copy(s2r, thr_s2r.partition_S(Cfg::consumer_keys(sPt(_, _, stage), w)), thr_s2r.retile_D(tSrP));
         }
+        trace.mark(KbTracePhase::kLoadDp);
         rows_pipe.consumer_wait(rows_state);
+        trace.mark(KbTracePhase::kRowsWait);
         FragS16 tSrdS;  // (MMA, 1, 1): dSᵀ of this step, the dK product's A operand
         dst_of(tSrS, tSrP, tSrdP, tSrdS, rows_state.index(), m0, n0w);
         rows_pipe.consumer_release(rows_state);
         ++rows_state;
+        trace.mark(KbTracePhase::kDs);
         // dS buffer g mod 2 was last read by the dQ product of step g − 2 (Cfg::kBuffers).
         copy(r2s, thr_r2s.retile_S(tSrdS), thr_r2s.partition_D(Cfg::consumer_keys(sdSt(_, _, buf), w)));
+        trace.mark(KbTracePhase::kStoreDs);
 
         // dQ of step g − 1 where it was this consumer's, which ran under the work above: the dQ partial is free.
         warpgroup_wait<0>();
@@ -263,6 +271,7 @@ struct KbMainloop {
           cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
           cutlass::arch::NamedBarrier::arrive(kDsBarrierThreads, Cfg::kDsBarrier + buf);
         }
+        trace.mark(KbTracePhase::kWaitDq);
         // Sᵀ of step t + 1 first: the next step's element-wise work waits for it alone. Issued in every step
         // (straight-line wgmma keeps ptxas from serialising them): the tile's last step's multiplies its own
         // tiles and is never read.
@@ -271,6 +280,7 @@ struct KbMainloop {
           if (ahead) stage_pipe.consumer_wait(next_state);
           issue_s(ahead ? next_state.index() : stage, tSrS);
         }
+        trace.mark(KbTracePhase::kIssueS);
         // dK += dSᵀ Q: needs no other consumer's dS, so issued before the barrier. No operand fence before it: Sᵀ
         // of the next step is in flight, and a fence reads the registers it names.
         const Tensor tdKrdS = make_tensor(tSrdS.data(), acc_as_operand_a(tSrdS.layout()));  // ((2, 2, 2), 1, BM/16)
@@ -278,11 +288,14 @@ struct KbMainloop {
         CUTE_UNROLL
         for (int kb = 0; kb < size<2>(tdKrdS); ++kb) gemm(mma_dk, tdKrdS(_, _, kb), tdKrQ(_, _, kb, stage), tdKrdK);
         warpgroup_commit_batch();
+        trace.mark(KbTracePhase::kIssueDk);
         if (last_turn) write_dq(g - 1, tdQrdQ);
+        trace.mark(KbTracePhase::kWriteDq);
         if (turn) {
           // dQ = dS K over both consumers' dS, once the other's is written.
           cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
           cutlass::arch::NamedBarrier::sync(kDsBarrierThreads, Cfg::kDsBarrier + buf);
+          trace.mark(KbTracePhase::kDsBarrier);
           warpgroup_arrive();
           mma_dq.accumulate_ = GMMA::ScaleOut::Zero;
           CUTE_UNROLL
@@ -291,6 +304,7 @@ struct KbMainloop {
             mma_dq.accumulate_ = GMMA::ScaleOut::One;
           }
           warpgroup_commit_batch();
+          trace.mark(KbTracePhase::kIssueDq);
           // Sᵀ of step t + 1 (recompute) and dK, the older batches: dQ stays in flight into step t + 1. dK is
           // not left in flight: its A operand registers would be those the next step's element-wise work writes
           // (ptxas reuses them across the loop's back edge, whatever copy is made), and its stage is released
@@ -301,6 +315,7 @@ struct KbMainloop {
         }
         if constexpr (!kSavedP) warpgroup_fence_operand(tSrS);
         stage_pipe.consumer_release(stage_state);  // this warpgroup's last reader of the stage is done
+        trace.mark(KbTracePhase::kWaitProducts);
         stage_state = next_state;
       }
       // The tile's last dQ product, where it was this consumer's: then this consumer reads the tile's K buffer
@@ -314,6 +329,7 @@ struct KbMainloop {
         if ((g - 1) % kBuffers == w) write_dq(g - 1, tdQrdQ);
       }
       kb_store_dk<Cfg>(params, w, tdKrdK, thr_dk.partition_C(make_identity_tensor(Shape<HF, HD>{})), work);
+      trace.mark(KbTracePhase::kTileEnd);
     }
   }
 };

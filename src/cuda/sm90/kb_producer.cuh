@@ -10,6 +10,7 @@
 #pragma once
 
 #include "cuda/sm90/kb_config.h"
+#include "cuda/sm90/trace.h"
 
 namespace qksoftmax::cuda::sm90 {
 
@@ -27,6 +28,7 @@ struct KbProducer {
   __device__ void run(StagePipeline& stage_pipe) {
     const Problem& prob = params.prob;
     const auto& tma = params.tma;
+    typename Cfg::Trace trace(KbTraceRole::kLoad, true);
     Tensor sQ = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQ{});   // (BM, D, ST)
     Tensor sK = make_tensor(make_smem_ptr(st.k.data()), typename Cfg::SmemLayoutKB{});  // (BN, D, KB)
     Tensor sdP = make_tensor(make_smem_ptr(st.dp.data()), typename Cfg::SmemLayoutP{});  // (BM, BN, ST)
@@ -53,6 +55,7 @@ struct KbProducer {
         work.advance(at);
         if (t + 1 == work.steps) index = tiles.claim();  // (its latency under the wait below)
         stage_pipe.producer_acquire(state);  // expects the stage's bytes
+        trace.mark(KbTracePhase::kAcquire);
         auto* full = stage_pipe.producer_get_barrier(state);
         const int stage = state.index();
         Tensor gQ = local_tile(mQ(_, _, h, work.b), Shape<BM, HD>{}, make_coord(mb, 0));  // (BM, D)
@@ -74,6 +77,7 @@ struct KbProducer {
           Tensor gK = local_tile(mK(_, _, work.kv_head, work.b), Shape<BN, HD>{}, make_coord(work.nb, 0));  // (BN, D)
           tma_load_tile(tma.k, st.k_full[use.buffer], gK, sK(_, _, use.buffer));
         }
+        trace.mark(KbTracePhase::kIssueLoads);
       }
     }
   }
@@ -98,6 +102,7 @@ struct KbRows {
     constexpr bool kFold = kScaleInDs<typename Cfg::Element>;
     const float lse2_shift = kFold ? log2f(fabsf(prob.scale)) : 0.0f;
     const float delta_scale = Cfg::kSavedP && kFold ? prob.scale : 1.0f;
+    typename Cfg::Trace trace(KbTraceRole::kRows, true);
     auto state = cutlass::make_producer_start_state<RowsPipeline>();
     KbTileReader<Cfg> tiles(params, st);
     for (KbTile tile; tiles.next(tile);) {
@@ -120,9 +125,11 @@ struct KbRows {
           v[k] = make_float2(lse2, in ? delta_rows[r * params.delta.sr] * delta_scale : 0.0f);
         }
         rows_pipe.producer_acquire(state);
+        trace.mark(KbTracePhase::kRowsAcquire);
         CUTE_UNROLL
         for (int k = 0; k < kRowsPerLane; ++k) st.rows[state.index()][kRowsPerLane * lane + k] = v[k];
         rows_pipe.producer_commit(state);  // each lane's arrival releases its own writes
+        trace.mark(KbTracePhase::kRowsWrite);
       }
     }
   }

@@ -1,7 +1,9 @@
-// Phase timing of the single-pass backward, for the step micro-benchmark (qksoftmax-step --trace). A config's
-// Trace type is NoTrace (every call compiles to nothing); a benchmark's config may name ClockTrace<Sink>, under
-// which lane 0 of the first warp of each role reads the SM clock at every phase boundary of its loop and adds
-// the cycles since the previous boundary to Sink::add(role, phase, cycles) (a global counter in the benchmark).
+// Phase timing of the single-pass backward and of the key-block pass, for the step micro-benchmark
+// (qksoftmax-step --trace). A config's Trace type is NoTrace (every call compiles to nothing); a benchmark's
+// config may name ClockTrace<Sink>, under which lane 0 of the first warp of each role reads the SM clock at every
+// phase boundary of its loop and adds the cycles since the previous boundary to Sink::add(role, phase, cycles)
+// (a global counter in the benchmark). Roles and phases are each kernel's enums (TraceRole and TracePhase,
+// KbTraceRole and KbTracePhase), passed on as ints.
 #pragma once
 
 #include <cute/config.hpp>
@@ -37,9 +39,41 @@ enum class TracePhase : int {
   kCount = 14
 };
 
+// The key-block pass's roles (kb_kernel.cuh) and the phases of each.
+enum class KbTraceRole : int { kConsumer0, kConsumer1, kLoad, kRows, kDq, kCount };
+enum class KbTracePhase : int {
+  // consumers, in the order of a step of kb_mainloop.cuh's loop
+  kStageWait,     // the step's stage loaded (saved-P; recompute waits for it when issuing the previous step's Sᵀ)
+  kLoadDp,        // dPᵀ (and Pᵀ) read by ldmatrix
+  kRowsWait,      // the step's rows' terms in the rows pipeline
+  kDs,            // dSᵀ element-wise (dst_of), the rows' slot freed
+  kStoreDs,       // dS written by stmatrix
+  kWaitDq,        // this consumer's dQ product of the previous step done (wait 0), dS announced off turn
+  kIssueS,        // Sᵀ of the next step issued, after its stage's wait (recompute)
+  kIssueDk,       // the dK product issued
+  kWriteDq,       // the previous step's dQ partial staged, after its buffer's empty barrier (the turn after)
+  kDsBarrier,     // the other consumer's dS written (on turn)
+  kIssueDq,       // the dQ product issued (on turn)
+  kWaitProducts,  // Sᵀ and dK done (wait 1 on turn, 0 off), the stage released
+  kTileStart,     // per tile: its index read from the ring, K awaited and (recompute) read, Sᵀ of its step 0
+  kTileEnd,       // per tile: its last products awaited, K handed back, the last dQ partial staged, dK stored
+  // load thread
+  kAcquire = 0,  // a stage free
+  kIssueLoads,   // its loads issued (at a tile's first step also K's, after its buffer's hand-back)
+  // rows warp
+  kRowsAcquire = 0,  // the step's LSE and D loads issued, its slot free
+  kRowsWrite,        // the slot written and committed
+  // dQ warp
+  kDqFullWait = 0,  // the step's staging buffer written
+  kReduceAdd,       // its reduce-add issued, the previous one's read of shared memory done
+  kCount = 14
+};
+
 struct NoTrace {
-  CUTE_DEVICE explicit NoTrace(TraceRole, bool) {}
-  CUTE_DEVICE void mark(TracePhase) {}
+  template <class Role>
+  CUTE_DEVICE explicit NoTrace(Role, bool) {}
+  template <class Phase>
+  CUTE_DEVICE void mark(Phase) {}
 };
 
 template <class Sink>
@@ -53,9 +87,11 @@ struct ClockTrace {
     asm volatile("mov.u32 %0, %%clock;" : "=r"(c));
     return c;
   }
-  CUTE_DEVICE ClockTrace(TraceRole r, bool first_warp)
+  template <class Role>  // an int or a kernel's role enum
+  CUTE_DEVICE ClockTrace(Role r, bool first_warp)
       : last(now()), role(int(r)), on(first_warp && threadIdx.x % 32 == 0) {}
-  CUTE_DEVICE void mark(TracePhase phase) {
+  template <class Phase>  // an int or a kernel's phase enum
+  CUTE_DEVICE void mark(Phase phase) {
     const uint32_t t = now();
     if (on) Sink::add(role, int(phase), t - last);
     last = t;

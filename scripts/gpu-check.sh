@@ -16,7 +16,8 @@
 #                                               # reliability: every sanitizer over the whole GPU test suite,
 #                                               # the stress run, the API fuzzer; counts in h200-reliability.json
 #                                               # (about 8 minutes: the build, then the three by their limits)
-#   REVS_TEST_FILTER='*GpuVsCpu*:*GpuPlan*' STAGES="revs" scripts/gpu-check.sh   # the same, each tree's GPU
+#   REVS_SMOKE_FILTER='*GpuVsCpu*S264x264_D128*' REVS_TEST_FILTER='*GpuVsCpu*:*GpuPlan*' STAGES="revs" \
+#     scripts/gpu-check.sh                      # the same, each tree's GPU
 #                                               # tests of that filter first (a failing tree is not benched)
 #   STAGES="revs kernels" REVS_ROUNDS=0 PROFILE_BENCHES="a=build/gpu-rev-a/bench/qksoftmax-bench" \
 #     PROFILE_LAUNCHES=3 scripts/gpu-check.sh    # each backward kernel's time and DRAM bytes, per revision
@@ -94,6 +95,10 @@ REVS_STEP=${REVS_STEP:-0}
 REVS_TEST_FILTER=${REVS_TEST_FILTER:-}
 # REVS_NO_TESTS: names of trees (space-separated) whose tests REVS_TEST_FILTER skips, e.g. "main" (proved already)
 REVS_NO_TESTS=${REVS_NO_TESTS:-}
+# REVS_SMOKE_FILTER: a few GPU tests run first on each tested tree, for at most REVS_SMOKE_S seconds: a kernel
+# that hangs costs that, not REVS_TIMEOUT_S, and its tree is neither tested further nor benched.
+REVS_SMOKE_FILTER=${REVS_SMOKE_FILTER:-}
+REVS_SMOKE_S=${REVS_SMOKE_S:-60}
 BENCH_TARGETS="qksoftmax-bench"
 [ "$REVS_STEP" = 1 ] && BENCH_TARGETS="qksoftmax-bench qksoftmax-step"
 PEER_ARGS=${PEER_ARGS:-"--suite seed16 --dtype bf16 --impl eager,compile,autograd,eager_fwd,compile_fwd,eager_fwd_bwd,compile_fwd_bwd,qksoftmax_fwd_bwd,qksoftmax_p_fwd_bwd"}
@@ -270,6 +275,9 @@ if has_stage revs; then
       record "rev $name" FAIL "build: see logs/rev-$name-*.log"
     elif ! tested "$name"; then
       revs+=("$name")
+    elif [ -n "$REVS_SMOKE_FILTER" ] && ! BUDGET_S=$(within "$REVS_SMOKE_S") run_logged "rev-$name-smoke" \
+          "build/gpu-rev-$name/tests/cpp/qksoftmax_tests" --gtest_filter="$REVS_SMOKE_FILTER" --gtest_brief=1; then
+      record "rev $name smoke" FAIL "failed or past ${REVS_SMOKE_S} s: see logs/rev-$name-smoke.log"
     elif BUDGET_S=$(within "$REVS_TIMEOUT_S") run_logged "rev-$name-tests" \
           "build/gpu-rev-$name/tests/cpp/qksoftmax_tests" --gtest_filter="$REVS_TEST_FILTER" --gtest_brief=1; then
       record "rev $name tests" ok "$(grep -E '^\[  PASSED  \]|SKIPPED \]' "$LOGS/rev-$name-tests.log" | head -2 | paste -sd' ')"

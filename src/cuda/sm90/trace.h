@@ -36,7 +36,7 @@ enum class TracePhase : int {
   // producer
   kAcquire = 0,  // a stage free
   kIssueLoads,   // its loads issued
-  kCount = 14
+  kCount = kItem + 1  // the consumers' phases, the most of any role (enumerators are ints until the brace)
 };
 
 // The key-block pass's roles (kb_kernel.cuh) and the phases of each.
@@ -66,7 +66,7 @@ enum class KbTracePhase : int {
   // dQ warp
   kDqFullWait = 0,  // the step's staging buffer written
   kReduceAdd,       // its reduce-add issued, the previous one's read of shared memory done
-  kCount = 14
+  kCount = kTileEnd + 1  // the consumers' phases, the most of any role
 };
 
 struct NoTrace {

@@ -269,17 +269,21 @@ if has_stage revs; then
         -DQKSOFTMAX_CUTLASS_INCLUDE_DIR="$PWD/.deps/cutlass/include" "${flags[@]}" > /dev/null &
     pids+=($!)
   done
+  # A tree's GPU tests of a filter within a number of seconds, logged as rev-TREE-KIND:
+  #   rev_gtest TREE KIND FILTER SECONDS
+  rev_gtest() {
+    BUDGET_S=$(within "$4") run_logged "rev-$1-$2" "build/gpu-rev-$1/tests/cpp/qksoftmax_tests" --gtest_filter="$3" \
+        --gtest_brief=1
+  }
   for i in "${!names[@]}"; do
     name=${names[$i]}
     if ! wait "${pids[$i]}"; then
       record "rev $name" FAIL "build: see logs/rev-$name-*.log"
     elif ! tested "$name"; then
       revs+=("$name")
-    elif [ -n "$REVS_SMOKE_FILTER" ] && ! BUDGET_S=$(within "$REVS_SMOKE_S") run_logged "rev-$name-smoke" \
-          "build/gpu-rev-$name/tests/cpp/qksoftmax_tests" --gtest_filter="$REVS_SMOKE_FILTER" --gtest_brief=1; then
+    elif [ -n "$REVS_SMOKE_FILTER" ] && ! rev_gtest "$name" smoke "$REVS_SMOKE_FILTER" "$REVS_SMOKE_S"; then
       record "rev $name smoke" FAIL "failed or past ${REVS_SMOKE_S} s: see logs/rev-$name-smoke.log"
-    elif BUDGET_S=$(within "$REVS_TIMEOUT_S") run_logged "rev-$name-tests" \
-          "build/gpu-rev-$name/tests/cpp/qksoftmax_tests" --gtest_filter="$REVS_TEST_FILTER" --gtest_brief=1; then
+    elif rev_gtest "$name" tests "$REVS_TEST_FILTER" "$REVS_TIMEOUT_S"; then
       record "rev $name tests" ok "$(grep -E '^\[  PASSED  \]|SKIPPED \]' "$LOGS/rev-$name-tests.log" | head -2 | paste -sd' ')"
       revs+=("$name")
     else

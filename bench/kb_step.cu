@@ -13,6 +13,7 @@
 #include <string>
 
 #include "cuda/sm90/kb_launch.cuh"
+#include "cuda/sm90/sp_launch.cuh"
 #include "cuda_check.h"
 #include "gpu.h"
 #include "phase_trace.cuh"
@@ -200,6 +201,65 @@ Result run_case(const MicroRun& micro, const KbStepShape& s, const KbBuffers& b,
   return {};
 }
 
+// The single pass on the key-block machinery (src/cuda/sm90/sp_config.h): the same step with the row
+// statistics computed a step ahead instead of read, on rows of kSpKeys keys, so that one CTA holds a row. As
+// many key heads as the key-block cases have CTAs, one CTA each, kKbGroup query heads per key head of kKbRows
+// rows: the same 64 steps per CTA. Q, dP and dQ are one block of rows read (written) by every query head (head
+// stride one row, as kb_step.h's Q and dP): the dQ stores of different CTAs land on the same rows, which only
+// a timing may do. dP ~ N(0, 1), so that dS is not zero.
+constexpr int64_t kSpKeys = 128;
+using Sp = qksoftmax::cuda::sm90::SpConfig<Element, int(kKbHeadDim)>;
+static_assert(Sp::kMaxSk == kSpKeys && Sp::kBlockM == kKbBlockM, "the single pass's step is the key-block step");
+
+Result run_sp_case(const MicroRun& micro, const KbStepShape& s, KbStepResult* out) {
+  cudaStream_t stream = micro.stream.get();
+  int device = 0;
+  QKB_CUDA(cudaGetDevice(&device));
+  const int64_t key_heads = s.ctas, query_heads = s.ctas * kKbGroup;
+  const int64_t rows = kKbRows + query_heads - 1;
+  const size_t e = size_t(kKbElementBytes);
+  DeviceBuffer q, k, dp, dq, dk;
+  QKB_TRY(q.allocate(size_t(rows * kKbHeadDim) * e));
+  QKB_TRY(dq.allocate(q.bytes()));
+  QKB_TRY(dp.allocate(size_t(rows * kSpKeys) * e));
+  QKB_TRY(k.allocate(size_t(key_heads * kSpKeys * kKbHeadDim) * e));
+  QKB_TRY(dk.allocate(k.bytes()));
+  for (const DeviceBuffer* b : {&q, &k}) QKB_TRY(fill_value(b->get(), b->bytes() / sizeof(kBf16One), kBf16One, stream));
+  QKB_TRY(fill_normal(dp.get(), qksoftmax::DType::kBFloat16, int64_t(dp.bytes() / e), 1, stream));
+
+  qksoftmax::Problem prob;
+  prob.pass = qksoftmax::Pass::kBackward;
+  prob.B = 1, prob.Hq = query_heads, prob.Hk = key_heads, prob.Sq = kKbRows, prob.Sk = kSpKeys;
+  prob.D = kKbHeadDim;
+  prob.dtype = qksoftmax::DType::kBFloat16;
+  prob.device = qksoftmax::Device::kCUDA;
+  prob.device_index = device;
+  prob.mask = qksoftmax::Mask::kNone;
+  prob.mode = qksoftmax::BackwardMode::kRecompute;
+  prob.scale = 1.0f / std::sqrt(float(kKbHeadDim));
+  prob.q = shared_rows(q.get(), rows, kKbHeadDim);
+  prob.dp = shared_rows(dp.get(), rows, kSpKeys);
+  prob.dq = shared_rows(dq.get(), rows, kKbHeadDim);
+  prob.k = heads_operand(k.get(), key_heads, kSpKeys, kKbHeadDim);
+  prob.dk = heads_operand(dk.get(), key_heads, kSpKeys, kKbHeadDim);
+
+  double us = 0;
+  QKB_TRY(median_call_us(stream, {kWarmup, kRuns, 1}, [&](int) {
+    return library_result(qksoftmax::cuda::run_sm90_single_pass<Sp>(prob, stream), "single pass");
+  }, &us));
+  const double total_steps = double(s.ctas) * double(s.steps_per_cta);
+  const double active_sms = double(std::min<int64_t>(s.ctas, micro.info.sms));
+  out->mode = "single_pass";
+  out->dq = "bf16";
+  out->products = kProductsRecompute;
+  out->bytes = int64_t(q.bytes() + dq.bytes() + dp.bytes() + k.bytes() + dk.bytes());
+  out->us = us;
+  out->step_us = us * active_sms / total_steps;
+  const double flops = double(out->products) * kFlopsPerMac * kKbBlockM * kSpKeys * kKbHeadDim * total_steps;
+  out->tensor_share = flops / (us * kMicro) / (micro.ceilings.bf16_TFLOPs * kTera);
+  return {};
+}
+
 }  // namespace
 
 Result run_kb_steps(const MicroRun& micro, bool trace, KbStepShape* shape, std::vector<KbStepResult>* results) {
@@ -225,6 +285,12 @@ Result run_kb_steps(const MicroRun& micro, bool trace, KbStepShape* shape, std::
       results->push_back(r);
     }
   }
+  KbStepResult r;
+  QKB_TRY(run_sp_case(micro, s, &r));
+  std::printf("kb %-10s %-4s %9.1f %12.3f %8d %6.1f%% %8.1f   (rows of %lld keys, statistics a step ahead)\n",
+              r.mode.c_str(), r.dq.c_str(), r.us, r.step_us, r.products, 100.0 * r.tensor_share,
+              double(r.bytes) / kBytesPerMiB, (long long)kSpKeys);
+  results->push_back(r);
   return {};
 }
 

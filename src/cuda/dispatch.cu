@@ -68,6 +68,18 @@ bool sm90_tma_ready(const Problem& prob) {
 // The backward that run gives the single pass (whatever it then finds, it launches nothing else).
 bool sm90_single_pass(const Problem& prob) { return sm90_tma_ready(prob) && sm90_single_pass_fits(prob); }
 
+// Of those, the single pass on the key-block machinery (sm90/sp_config.h) takes recompute rows of up to 128 keys
+// (a given LSE is not read: the pass computes its own statistics, as it must for D anyway) where its tiles, one
+// per (batch, key head), fill the GPU or are short: with fewer tiles than SMs and more than kSm90SpMaxSteps steps
+// a tile, the row-block tiles of the cluster single pass spread the work wider.
+constexpr int64_t kSm90SpMaxSk = 128;
+constexpr int64_t kSm90SpMaxSteps = 64;
+bool sm90_sp(const Problem& prob, int sms) {
+  if (prob.mode != BackwardMode::kRecompute || prob.Sk > kSm90SpMaxSk) return false;
+  const int64_t steps = (prob.Sq + sm90::kSpBlockM - 1) / sm90::kSpBlockM * prob.group();
+  return prob.B * prob.Hk >= sms || steps <= kSm90SpMaxSteps;
+}
+
 // The two-pass backward adds its dQ partials (one per 128-key column block) straight into dQ, carrying the
 // scale (KbFinish) and rounded to 16 bits, where dQ is in TMA's reach and a row has at most kSm90DirectDqMaxSk
 // keys: then the sums of at most 8 rounded partials stay well inside the accuracy bar (scripts/dq_rounding.py,
@@ -107,6 +119,14 @@ Status run(const Problem& prob, void* workspace, CUstream_st* stream) {
     }
     QKSOFTMAX_SM90_CONFIGS(QKSOFTMAX_DISPATCH_SM90_FORWARD)
 #undef QKSOFTMAX_DISPATCH_SM90_FORWARD
+  }
+  if (sm90_single_pass(prob) && sm90_sp(prob, device->sm_count)) {
+#define QKSOFTMAX_DISPATCH_SM90_SP(T, HD)                                               \
+    if (prob.dtype == ElementTraits<T>::kDType && prob.D == HD) {                      \
+      return run_sm90_single_pass<sm90::SpConfig<T, HD>>(prob, stream);               \
+    }
+    QKSOFTMAX_SM90_CONFIGS(QKSOFTMAX_DISPATCH_SM90_SP)
+#undef QKSOFTMAX_DISPATCH_SM90_SP
   }
   if (sm90_single_pass(prob)) {
     const bool saved_p = prob.mode == BackwardMode::kSavedP;

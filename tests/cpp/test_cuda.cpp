@@ -299,6 +299,44 @@ TEST_P(GpuSinglePassRepeat, TwoRunsBitwiseEqual) {
 
 INSTANTIATE_TEST_SUITE_P(Modes, GpuSinglePassRepeat, ::testing::ValuesIn(kAllVariants), variant_param_name);
 
+// The single pass on the key-block machinery (recompute rows of up to 128 keys, src/cuda/sm90/sp_config.h): more
+// tiles than SMs (each CTA walks several, alternating its K buffers), one step a tile, grouped query heads,
+// more rows than keys and fewer, a scale that dS must not fold wrongly (negative, above 1). The sweeps above
+// reach it at their small sizes too; these are its own edges.
+std::vector<Case> keyblock_single_pass_cases() {
+  std::vector<Case> cases;
+  const int64_t wide = small_shapes() ? 40 : 150;  // (batch, key head) tiles per batch: past 132 SMs at B = 2
+  cases.push_back({.B = 2, .Hq = wide, .Hk = wide, .Sq = 128, .Sk = 128, .D = 128});
+  cases.push_back({.B = 2, .Hq = wide, .Hk = wide, .Sq = 64, .Sk = 64, .D = 128, .dtype = DType::kFloat16});
+  cases.push_back({.B = 2, .Hq = 8, .Hk = 1, .Sq = 128, .Sk = 128, .D = 128, .dtype = DType::kFloat16});
+  cases.push_back({.B = 1, .Hq = 4, .Hk = 2, .Sq = 1000, .Sk = 128, .D = 128});
+  cases.push_back({.B = 1, .Hq = 4, .Hk = 2, .Sq = 40, .Sk = 128, .D = 128, .dtype = DType::kFloat16});
+  cases.push_back({.B = 1, .Hq = 2, .Hk = 1, .Sq = 200, .Sk = 96, .D = 128, .mask = Mask::kNone});
+  for (double scale : {-0.7, 2.0}) {
+    for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+      cases.push_back({.B = 1, .Hq = 2, .Hk = 1, .Sq = 128, .Sk = 128, .D = 128, .dtype = dtype, .scale = scale});
+    }
+  }
+  std::vector<Case> out;
+  for (const Case& c : cases) {
+    for (Variant variant : {Variant::kRecompute, Variant::kRecomputeLse}) {
+      Case v = c;
+      v.variant = variant;
+      out.push_back(v);
+    }
+  }
+  return out;
+}
+
+class GpuKeyBlockSinglePass : public GpuTest, public ::testing::WithParamInterface<Case> {};
+
+TEST_P(GpuKeyBlockSinglePass, ForwardAndBackward) {
+  const Case& c = GetParam();
+  expect_gpu_matches_cpu(c, make_inputs(c, test_seed()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Edges, GpuKeyBlockSinglePass, ::testing::ValuesIn(keyblock_single_pass_cases()), param_name);
+
 // With options.deterministic, two runs are bitwise identical (dK sums over the query heads of a group), and
 // they match the reference. S = 1000 and 512 reach the single-pass Hopper kernel, which sums in a fixed order
 // up to 1024 keys in both modes; longer rows take the generic kernels.

@@ -220,6 +220,8 @@ struct KbConfig {
   // so that the next tile's K loads while this one runs; otherwise one, reloaded once the tile's last dQ
   // product has read it, while its dQ and dK epilogue runs and the next tile's first stages are already in.
   static constexpr int kKBuffers = sizeof(StorageOf<2>) <= size_t(kSm90SmemPerCta) ? 2 : 1;
+  // Tiles claimed from the tile counter as CTAs come free (kb_scheduler.h), not dealt statically.
+  static constexpr bool kStaticTiles = false;
   using KB = Int<kKBuffers>;
   using Storage = StorageOf<kKBuffers>;
   static constexpr int kSmemBytes = int(sizeof(Storage));
@@ -297,9 +299,13 @@ class KbTileWriter {
     return index < params_.order.tiles();
   }
 
-  // The index of the CTA's next tile (kb_claimed_tile).
-  __device__ int claim() const {
-    return kb_claimed_tile(atomicAdd(params_.tile_counter, 1), int(gridDim.x), params_.order.tiles());
+  // The index of the CTA's next tile after `current` (kb_claimed_tile; dealt statically: `grid` past it).
+  __device__ int claim(int current) const {
+    if constexpr (Cfg::kStaticTiles) {
+      return kb_claimed_tile(current, int(gridDim.x), params_.order.tiles());
+    } else {
+      return kb_claimed_tile(atomicAdd(params_.tile_counter, 1), int(gridDim.x), params_.order.tiles());
+    }
   }
 
  private:

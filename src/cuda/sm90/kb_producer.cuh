@@ -44,7 +44,7 @@ struct KbProducer {
     KbTileWriter<Cfg> tiles(params, st);
     for (int index = tiles.first(); tiles.publish(index);) {
       const KbWork<Cfg> work(params.order, params.order.tile(index));
-      if (work.steps == 0) index = tiles.claim();
+      if (work.steps == 0) index = tiles.claim(index);
       StepCursor at = work.first();
       // Not unrolled: the claim's result and the steps' coordinates, in unrolled copies, outgrow the producer
       // warpgroup's kProducerRegs registers.
@@ -53,7 +53,7 @@ struct KbProducer {
         const int64_t h = at.head;
         const int mb = at.block;
         work.advance(at);
-        if (t + 1 == work.steps) index = tiles.claim();  // (its latency under the wait below)
+        if (t + 1 == work.steps) index = tiles.claim(index);  // (its latency under the wait below)
         stage_pipe.producer_acquire(state);  // expects the stage's bytes
         trace.mark(KbTracePhase::kAcquire);
         auto* full = stage_pipe.producer_get_barrier(state);

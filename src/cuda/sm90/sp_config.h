@@ -1,0 +1,94 @@
+// The configuration of the single pass on the key-block machinery (docs/DESIGN.md, "The single pass with its
+// statistics a step ahead"), one per (dtype, head dimension), recompute mode, rows of up to 128 keys: one CTA
+// holds a (batch, key head)'s whole key block, so that a row's statistics are the CTA's own and every dQ row
+// block comes from one step (stored, not added). It is the key-block pass's config (kb_config.h: the step's
+// tiles, products, stage pipeline, tile ring, producer) with its own shared storage and roles:
+//   warpgroup 0    producer: warp 0 (one thread) issues the TMA loads, as in the key-block pass; its tiles
+//                  dealt statically (CTA c takes c, c + grid, …: every tile has the same steps);
+//   warpgroups 1-2 consumers, 64 keys each: the key-block step, with each row's LSE and D computed by the
+//                  consumers a step ahead instead of read from a statistics pass (sp_mainloop.cuh), and the
+//                  dQ partial of its turn stored from registers.
+// No statistics pass, no workspace, no atomics: the sums run in a fixed order (deterministic by construction).
+#pragma once
+
+#include <cutlass/half.h>
+
+#include "cuda/sm90/kb_config.h"
+#include "cuda/sm90_instances.h"
+
+namespace qksoftmax::cuda::sm90 {
+
+template <class Element_, int kHeadDim_>
+struct SpConfig : KbConfig<Element_, kHeadDim_, false, true> {
+  using Base = KbConfig<Element_, kHeadDim_, false, true>;
+  using Element = Element_;
+  using typename Base::BM;
+  using typename Base::BN;
+  using typename Base::HD;
+  using typename Base::SmemAtom;
+  using typename Base::SmemLayoutQ;
+  using typename Base::SmemLayoutP;
+  using typename Base::SmemLayoutdS2;
+  using typename Base::StagePipeline;
+  using typename Base::TilePipeline;
+  using typename Base::Loads;
+  using typename Base::TileOrder;
+  using Base::kBlockM;
+  using Base::kBlockN;
+  using Base::kTileSlots;
+  using Base::kConsumerThreads;
+
+  static_assert(kBlockM == kSpBlockM, "dispatch.cu counts the single pass's steps by sm90_instances.h's kSpBlockM");
+  static constexpr bool kStaticTiles = true;  // KbTileWriter::claim: CTA c's tiles are c, c + grid, …
+  static constexpr int kMaxSk = kBlockN;      // the keys one CTA holds
+  // Consumer warps; each reduces its own 16 keys of a row and writes one partial per row.
+  static constexpr int kConsumerWarps = kConsumerThreads / 32;
+  // The statistics' partials are double-buffered by step parity (written a step ahead, read in the step).
+  static constexpr int kStatBuffers = 2;
+  // The tile ring's readers: every consumer thread (no rows or dQ warp).
+  static constexpr int kTileReaders = kConsumerThreads;
+  // P of the next step, kept in registers against each warp's own row maximum: fp16 (values in (0, 1], 11-bit
+  // mantissa), whatever Element is.
+  using PcElement = cutlass::half_t;
+
+  // K of two tiles (a tile is short: 2 steps per query head at Sq = 128), so that the next tile's K loads while
+  // this one runs.
+  static constexpr int kKBuffers = 2;
+  using KB = Int<kKBuffers>;
+  using SmemLayoutKB = decltype(tile_to_shape(SmemAtom{}, Shape<BN, HD, KB>{}));
+  using SmemLayoutKtB = decltype(composition(
+      SmemLayoutKB{}, make_layout(Shape<HD, BN, KB>{}, Stride<BN, _1, Int<kBlockN * kHeadDim_>>{})));
+
+  // A warp's partial of a row: its maximum m (of S·scale·log2e over its 16 keys; −inf where it sees none),
+  // l = Σ 2^(x − m) and u = Σ 2^(x − m) · dP over those keys.
+  enum Stat { kStatM, kStatL, kStatU, kStats };
+
+  struct Storage {
+    alignas(1024) cute::array<Element, cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::array<Element, int(cosize_v<SmemLayoutKB>)> k;
+    alignas(1024) cute::array<Element, cosize_v<SmemLayoutP>> dp;
+    alignas(1024) cute::array<Element, cosize_v<SmemLayoutdS2>> ds;
+    alignas(16) cute::array<Element, 1> p;  // (saved-P's P: the producer's view of it, never loaded here)
+    // Partials by step parity, statistic, consumer warp and row.
+    alignas(16) float partials[kStatBuffers][kStats][kConsumerWarps][kBlockM];
+    // Each warp's (factor, factor · D) of the step's rows, read back by its own lanes.
+    alignas(16) float2 factors[kConsumerWarps][kBlockM];
+    typename StagePipeline::SharedStorage stage_pipe;
+    typename TilePipeline::SharedStorage tile_pipe;
+    int tile_index[kTileSlots];
+    alignas(8) uint64_t k_full[kKBuffers];
+    alignas(8) uint64_t k_empty[kKBuffers];
+    alignas(8) uint64_t stats_full[kStatBuffers];  // a step's partials written by every consumer thread
+  };
+  static constexpr int kSmemBytes = int(sizeof(Storage));
+  static_assert(kSmemBytes <= kSm90SmemPerCta, "the single pass's shared memory exceeds a CTA's 227 KB");
+
+  struct Params {
+    Problem prob;
+    Loads tma;
+    TileOrder order;
+    int* tile_counter;  // (unused: the tiles are dealt statically)
+  };
+};
+
+}  // namespace qksoftmax::cuda::sm90

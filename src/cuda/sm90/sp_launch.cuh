@@ -1,0 +1,41 @@
+// Host side of the single pass on the key-block machinery (sp_config.h): rows of up to 128 keys, recompute
+// mode; the step loads as the key-block pass's (kb_loads), the tile order (kb_scheduler.h, one key block per
+// (batch, key head)) and the grid: one persistent CTA per SM, or one per tile where there are fewer. No
+// workspace and nothing cleared before it: every dQ row is stored once, dK once per tile.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <string>
+
+#include "cuda/device.h"
+#include "cuda/generic_launch.cuh"
+#include "cuda/sm90/kb_launch.cuh"
+#include "cuda/sm90/sp_config.h"
+#include "cuda/sm90/sp_kernel.cuh"
+
+namespace qksoftmax::cuda {
+
+template <class SpCfg>
+Status run_sm90_single_pass(const Problem& prob, CUstream_st* stream) {
+  constexpr const char* kName = "sm90 single pass";
+  if (prob.Sk > SpCfg::kMaxSk) {
+    return {Code::kInternal, std::string(kName) + ": rows of more than " + std::to_string(SpCfg::kMaxSk) + " keys"};
+  }
+  const int64_t steps = (prob.Sq + SpCfg::kBlockM - 1) / SpCfg::kBlockM * prob.group();
+  if (steps > INT_MAX) return {Code::kUnsupported, std::string(kName) + ": more than 2^31 - 1 row blocks per head"};
+  const int64_t tiles = prob.B * prob.Hk;
+  if (tiles > INT_MAX) return {Code::kUnsupported, std::string(kName) + ": more than 2^31 - 1 key heads"};
+  const DeviceInfo* device = nullptr;
+  if (Status s = device_info(prob.device_index, &device); !s.ok()) return s;
+  // (The tiles are dealt statically: the order's sections, which keep a head's key blocks together in L2,
+  // change nothing with one key block per head.)
+  const int64_t head_bytes = prob.group() * prob.Sq * prob.D * int64_t(sizeof(typename SpCfg::Element));
+  const typename SpCfg::Params params{prob, kb_loads<SpCfg>(prob), SpCfg::TileOrder::of(prob, head_bytes), nullptr};
+  const int64_t grid = std::min<int64_t>(tiles, int64_t(device->sm_count) * SpCfg::kCtasPerSm);
+  return launch<SpCfg>(sm90::sp_kernel<SpCfg>, kName, grid, params, stream);
+}
+
+}  // namespace qksoftmax::cuda

@@ -1,0 +1,414 @@
+// The consumer warpgroups of the single pass (sp_config.h): the key-block step (kb_mainloop.cuh) with each row's
+// statistics computed by the consumers themselves, a step ahead. Consumer w owns keys [n0 + 64w, n0 + 64w + 64)
+// of the tile's block; a warp of it holds 16 of those keys × the step's 64 rows of Sᵀ, a row's 16 keys in the 8
+// lanes of equal lane mod 4 (2 keys each). Per 64-row step t (g counting the CTA's steps over its tiles):
+//   the statistics of step t, whose partials every consumer warp wrote in step t − 1, combined: each lane takes
+//   two rows, reads the 8 warps' (m, l, u) of them, and forms LSE·log2e = M + log2 L, D = U / L
+//   (L = Σ l_c 2^(m_c − M), U the same of u) and its warp's factor f = 2^(m_own − LSE·log2e) (times |scale| in
+//   bf16, as the key-block pass's rows fold it), then f and f · D of every row for its lanes through its warp's
+//   row of shared memory;
+//   element-wise: dSᵀ = P_c ∘ (dPᵀ · f − f · D), where P_c = 2^(x − m_own) (x = S·scale·log2e) was kept from step
+//   t − 1 in fp16 and dPᵀ in registers; masked positions have P_c = 0 and take dS = 0 whatever dP holds;
+//   dS into the step's dS buffer, Sᵀ(t + 1) and dK += dSᵀ Q issued, on its turn the dQ product (both
+//   consumers' dS) as in the key-block step; all three awaited, and the dQ partial stored from registers (at
+//   most 128 keys: each dQ row block has exactly one step and is stored, not added), which frees its
+//   registers for what follows;
+//   then the statistics a step ahead: x masked to −inf, each
+//   row's maximum over the warp's keys (3 shuffles a row), P_c(t + 1) in fp16, dPᵀ(t + 1) read into
+//   registers, l and u reduced by a butterfly that halves the values each round (8 + 4 + 2 shuffles leave a
+//   lane two rows), the warp's (m, l, u) of its two rows per lane written as its partials, and an arrival on
+//   the step's statistics barrier; the stage released.
+// The two consumers meet once a step at the statistics (each needs the other's partials) and at the dS barrier
+// (the consumer of the dQ turn needs the other's dS), as in the key-block step.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cutlass/arch/barrier.h>
+
+#include "cuda/sm90/cluster_exchange.cuh"
+
+#include "cuda/sm90/kb_epilogue.cuh"
+#include "cuda/sm90/sp_config.h"
+
+namespace qksoftmax::cuda::sm90 {
+
+// The last rounds of a halving reduction over the 8 lanes of equal lane mod 4 (the keys of a warp; a lane holds 16
+// rows ci = 0 … 15 of Sᵀ): given v[k] (k < 8) = the reduction by `op` over lane and lane ^ 16 of row
+// ci = k + 8 (lane / 16 mod 2), it leaves v[k] (k = 0, 1) = the warp's reduction of row ci = 2 (lane / 4) + k,
+// sending half of the values each round (4 + 2 shuffles). Selects with constant indices keep them in registers.
+template <class Op>
+__device__ inline void halve_rows_from8(float (&v)[8], int lane, Op op) {
+  const bool b3 = lane & 8, b2 = lane & 4;
+  CUTE_UNROLL
+  for (int k = 0; k < 4; ++k) {
+    const float keep = b3 ? v[k + 4] : v[k], send = b3 ? v[k] : v[k + 4];
+    v[k] = op(keep, __shfl_xor_sync(0xffffffffu, send, 8));
+  }
+  CUTE_UNROLL
+  for (int k = 0; k < 2; ++k) {
+    const float keep = b2 ? v[k + 2] : v[k], send = b2 ? v[k] : v[k + 2];
+    v[k] = op(keep, __shfl_xor_sync(0xffffffffu, send, 4));
+  }
+}
+
+template <class Cfg>
+struct SpMainloop {
+  using Element = typename Cfg::Element;
+  using PcElement = typename Cfg::PcElement;
+  using BM = typename Cfg::BM;
+  using BN = typename Cfg::BN;
+  using HD = typename Cfg::HD;
+  using HF = typename Cfg::HF;
+  static constexpr int kBlockM = Cfg::kBlockM, kHalf = Cfg::kHalf, kBuffers = Cfg::kBuffers;
+  static constexpr int kWarps = Cfg::kConsumerWarps;
+
+  const typename Cfg::Params& params;
+  typename Cfg::Storage& st;
+  int w;  // this consumer, 0 or 1
+
+  template <class StagePipeline>
+  __device__ void run(StagePipeline& stage_pipe) {
+    constexpr int kDsBarrierThreads = Cfg::kConsumerThreads;
+    const Problem& prob = params.prob;
+    const int tid = threadIdx.x % Cfg::kWarpgroupThreads;
+    const int lane = tid % 32;
+    const int wi = w * (Cfg::kWarpgroupThreads / 32) + tid / 32;  // this warp among the consumers' 8
+    const KeyRange keys = prob.keys();
+    const float scale_log2 = prob.scale * kLog2e;
+    // What f carries beyond 2^(m_own − LSE·log2e): |scale| where dS carries the scale (KbRows' fold).
+    const float fold = kScaleInDs<Element> ? fabsf(prob.scale) : 1.0f;
+
+    Tensor sQ = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQ{});       // (BM, D, ST)
+    Tensor sQt = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQt{});     // (D, BM, ST)
+    Tensor sK = make_tensor(make_smem_ptr(st.k.data()), typename Cfg::SmemLayoutKB{});      // (BN, D, KB)
+    Tensor sKt = make_tensor(make_smem_ptr(st.k.data()), typename Cfg::SmemLayoutKtB{});    // (D, BN, KB)
+    Tensor sdPt = make_tensor(make_smem_ptr(st.dp.data()), typename Cfg::SmemLayoutPt{});   // (BN, BM, ST)
+    Tensor sdS = make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdS2{});   // (BM, BN, DB)
+    Tensor sdSt = make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdSt2{});  // (BN, BM, DB)
+
+    // Sᵀ of this consumer's keys: (HF, BM), keys on M.
+    typename Cfg::MmaSt mma_s;
+    auto thr_s = mma_s.get_thread_slice(tid);
+    using FragS = decltype(partition_fragment_C(mma_s, Shape<HF, BM>{}));  // (MMA, 1, 1) fp32
+    using FragS16 = decltype(make_fragment_like<Element>(FragS{}));        // (MMA, 1, 1)
+    const auto sKw_of = [&](int b) { return local_tile(sK(_, _, b), Shape<HF, HD>{}, make_coord(w, 0)); };
+    Tensor tSrK = thr_s.partition_fragment_A(sKw_of(0));                     // (MMA, 1, D/16) registers
+    const Tensor tSrQ = thr_s.partition_fragment_B(sQ);                    // (MMA, 1, D/16, ST)
+    typename Cfg::CopyKA s2r_k;
+    auto thr_s2r_k = s2r_k.get_thread_slice(tid);
+    Tensor tScS = thr_s.partition_C(make_identity_tensor(Shape<HF, BM>{}));  // (MMA, 1, 1) → (key, row)
+    Tensor tScS_rc = make_tensor(tScS.data(), rowcol(tScS.layout()));        // (keys, rows) → (key, row)
+    constexpr int kKeys = size<0>(decltype(tScS_rc.layout()){});
+    constexpr int kRows = size<1>(decltype(tScS_rc.layout()){});
+    static_assert(kKeys == 2 && kRows == 16, "a lane holds 2 keys × 16 rows of Sᵀ (halve_rows)");
+    // The two rows this lane combines (halve_rows: rows ci = 2 (lane / 4) + {0, 1}, adjacent).
+    const int own_row = get<1>(tScS_rc(0, 2 * (lane / 4)));
+
+    typename Cfg::CopyS2R s2r;
+    typename Cfg::CopyR2S r2s;
+    auto thr_s2r = s2r.get_thread_slice(tid);
+    auto thr_r2s = r2s.get_thread_slice(tid);
+
+    typename Cfg::MmadK mma_dk;
+    auto thr_dk = mma_dk.get_thread_slice(tid);
+    Tensor tdKrdK = partition_fragment_C(mma_dk, Shape<HF, HD>{});  // (MMA, 1, 1) fp32, the block's
+    const Tensor tdKrQ = thr_dk.partition_fragment_B(sQt);           // (MMA, 1, BM/16, ST) descriptors
+
+    typename Cfg::MmadQ mma_dq;
+    auto thr_dq = mma_dq.get_thread_slice(tid);
+    const Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);   // (MMA, 1, BN/16, DB) descriptors
+    const Tensor tdQrK = thr_dq.partition_fragment_B(sKt);    // (MMA, 1, BN/16, KB) descriptors
+    Tensor tdQcdQ = thr_dq.partition_C(make_identity_tensor(Shape<BM, HD>{}));  // (MMA, 1, 1) → (r, d)
+
+    const auto issue_s = [&](int stage, FragS& acc) {
+      warpgroup_fence_operand(acc);
+      warpgroup_arrive();
+      mma_s.accumulate_ = GMMA::ScaleOut::Zero;
+      CUTE_UNROLL
+      for (int kb = 0; kb < size<2>(tSrK); ++kb) {
+        gemm(mma_s, tSrK(_, _, kb), tSrQ(_, _, kb, stage), acc);
+        mma_s.accumulate_ = GMMA::ScaleOut::One;
+      }
+      warpgroup_commit_batch();
+    };
+
+    // What crosses from a step to the next: P_c and dPᵀ. The accumulators of Sᵀ and of the dQ partial live within
+    // a step (every product is awaited in its step, so no register that element-wise code writes is one of an
+    // accumulator in flight), and are dead where the other's registers are needed.
+    using FragdQ = decltype(partition_fragment_C(mma_dq, Shape<BM, HD>{}));  // (MMA, 1, 1) fp32
+    // P_c of the step, against this warp's row maxima, a pair of rows per register: tSrPc[ki + 2j] holds key ki's
+    // rows ci = 2j and 2j + 1 (rowcol's order: ci = e + 2j, e the accumulator's adjacent pair).
+    __half2 tSrPc[kKeys * kRows / 2];
+    FragS16 tSrdP;  // dPᵀ of the step
+    mma_dk.accumulate_ = GMMA::ScaleOut::One;
+
+    // The statistics a step ahead: from Sᵀ in tSrS and dP of stage `stage`, step g's P_c into tSrPc, dPᵀ into
+    // tSrdP, and this warp's partials of its rows; then an arrival on the step's statistics barrier.
+    const auto stats_ahead = [&](FragS& tSrS, int stage, int64_t m0, int64_t n0w, int g) {
+      Tensor tSrS_rc = make_tensor(tSrS.data(), rowcol(tSrS.layout()));     // (keys, rows)
+      Tensor tSrdP_rc = make_tensor(tSrdP.data(), rowcol(tSrdP.layout()));  // (keys, rows)
+      copy(s2r, thr_s2r.partition_S(Cfg::consumer_keys(sdPt(_, _, stage), w)), thr_s2r.retile_D(tSrdP));
+      // x = S·scale·log2e where the row sees the key, −inf elsewhere (KeyRange::cut's kinds, as the key-block
+      // step's element-wise work).
+      const auto scaled = [&](auto kind, int diagonal) {
+        constexpr BlockCut kCut = decltype(kind)::value;
+        CUTE_UNROLL
+        for (int ci = 0; ci < kRows; ++ci) {
+          const int end = kCut == BlockCut::kRows ? keys.cols_in(m0 + get<1>(tScS_rc(0, ci)), n0w, kHalf) : kHalf;
+          CUTE_UNROLL
+          for (int ki = 0; ki < kKeys; ++ki) {
+            const int key = get<0>(tScS_rc(ki, ci));
+            const bool keep = kCut == BlockCut::kNone       ? true
+                              : kCut == BlockCut::kDiagonal ? key - get<1>(tScS_rc(ki, ci)) <= diagonal
+                                                            : key < end;
+            tSrS_rc(ki, ci) = keep ? tSrS_rc(ki, ci) * scale_log2 : -INFINITY;
+          }
+        }
+      };
+      const bool cut = keys.cuts(m0, kBlockM, n0w, kHalf);
+      if (!cut) {
+        scaled(std::integral_constant<BlockCut, BlockCut::kNone>{}, 0);
+      } else if (keys.sees_none(m0, kBlockM, n0w)) {
+        fill(tSrS, -INFINITY);
+      } else if (keys.diagonal_only(m0, kBlockM, n0w, kHalf)) {
+        scaled(std::integral_constant<BlockCut, BlockCut::kDiagonal>{}, int(m0 - n0w));
+      } else {
+        scaled(std::integral_constant<BlockCut, BlockCut::kRows>{}, 0);
+      }
+      // Each row's maximum over the warp's keys, reduced across its 8 lanes just before its exponentials, so that
+      // no array of maxima stays live beside Sᵀ; the two rows this lane writes partials for keep theirs.
+      float m_own[2] = {-INFINITY, -INFINITY};
+      const int own_ci = 2 * (lane / 4);
+      const auto row_max = [&](int ci) {
+        float mx = fmaxf(tSrS_rc(0, ci), tSrS_rc(1, ci));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        m_own[0] = ci == own_ci ? mx : m_own[0];
+        m_own[1] = ci == own_ci + 1 ? mx : m_own[1];
+        return mx == -INFINITY ? 0.0f : mx;  // a row that sees none of the warp's keys: P_c = 0
+      };
+      // Rows ci, ci + 1, ci + 8, ci + 9 (ci even) at a time: a register of P_c holds rows ci and ci + 1 of a key
+      // (written at once), and the first halving round pairs row ci with ci + 8, so that no more than 8 of l and
+      // of u are live (halve_rows_from8 finishes them).
+      float l[kRows / 2], u[kRows / 2];
+      const bool b4 = lane & 16;
+      const auto partial = [&](auto is_cut) {
+        CUTE_UNROLL
+        for (int k = 0; k < kRows / 2; k += 2) {
+          float lk[4], uk[4];  // rows k, k + 1, k + 8, k + 9
+          CUTE_UNROLL
+          for (int h = 0; h < 4; ++h) {
+            const int ci = k + (h & 1) + (h >> 1) * (kRows / 2);
+            const float ref = row_max(ci);
+            lk[h] = 0.0f;
+            uk[h] = 0.0f;
+            CUTE_UNROLL
+            for (int ki = 0; ki < kKeys; ++ki) {
+              const float p = exp2_fast(tSrS_rc(ki, ci) - ref);
+              const float pdp = p * float(tSrdP_rc(ki, ci));
+              tSrS_rc(ki, ci) = p;
+              lk[h] += p;
+              uk[h] += decltype(is_cut)::value ? (p > 0.0f ? pdp : 0.0f) : pdp;
+            }
+          }
+          CUTE_UNROLL
+          for (int h = 0; h < 4; h += 2) {  // P_c of the four rows, a pair of rows per register
+            const int ci = k + (h >> 1) * (kRows / 2);
+            CUTE_UNROLL
+            for (int ki = 0; ki < kKeys; ++ki) {
+              tSrPc[ki + ci] = __floats2half2_rn(tSrS_rc(ki, ci), tSrS_rc(ki, ci + 1));
+            }
+          }
+          CUTE_UNROLL
+          for (int e = 0; e < 2; ++e) {
+            l[k + e] = (b4 ? lk[2 + e] : lk[e]) + __shfl_xor_sync(0xffffffffu, b4 ? lk[e] : lk[2 + e], 16);
+            u[k + e] = (b4 ? uk[2 + e] : uk[e]) + __shfl_xor_sync(0xffffffffu, b4 ? uk[e] : uk[2 + e], 16);
+          }
+        }
+      };
+      // u = Σ P_c · dP over the keys the row sees: where the step is cut, a masked position (P_c = 0) adds 0
+      // whatever dP holds there (NaN included).
+      if (cut) {
+        partial(std::true_type{});
+      } else {
+        partial(std::false_type{});
+      }
+      const auto plus = [](float a, float b) { return a + b; };
+      halve_rows_from8(l, lane, plus);
+      halve_rows_from8(u, lane, plus);
+      const int b = g % Cfg::kStatBuffers;
+      store_shared_f2(smem_addr(&st.partials[b][Cfg::kStatM][wi][own_row]), m_own[0], m_own[1]);
+      store_shared_f2(smem_addr(&st.partials[b][Cfg::kStatL][wi][own_row]), l[0], l[1]);
+      store_shared_f2(smem_addr(&st.partials[b][Cfg::kStatU][wi][own_row]), u[0], u[1]);
+      cutlass::arch::ClusterBarrier::arrive(&st.stats_full[b]);  // (a release of those stores at CTA scope)
+    };
+
+    // Step g's statistics combined (its partials awaited) into this warp's (f, f · D) of each row.
+    const auto combine = [&](int g) {
+      const int b = g % Cfg::kStatBuffers;
+      cutlass::arch::ClusterBarrier::wait(&st.stats_full[b], (g / Cfg::kStatBuffers) & 1);
+      // The maxima first, then l and u a warp at a time: no more than the 8 warps' maxima stay live beside the
+      // step's registers.
+      float2 m[kWarps];
+      CUTE_UNROLL
+      for (int j = 0; j < kWarps; ++j) m[j] = load_shared_f2(smem_addr(&st.partials[b][Cfg::kStatM][j][own_row]));
+      float2 ref = make_float2(-INFINITY, -INFINITY);
+      CUTE_UNROLL
+      for (int j = 0; j < kWarps; ++j) ref = make_float2(fmaxf(ref.x, m[j].x), fmaxf(ref.y, m[j].y));
+      ref = make_float2(ref.x == -INFINITY ? 0.0f : ref.x, ref.y == -INFINITY ? 0.0f : ref.y);  // no key: L = 0
+      float2 sum_l = make_float2(0.0f, 0.0f), sum_u = sum_l, own = sum_l;
+      CUTE_UNROLL
+      for (int j = 0; j < kWarps; ++j) {
+        const float2 l = load_shared_f2(smem_addr(&st.partials[b][Cfg::kStatL][j][own_row]));
+        const float2 u = load_shared_f2(smem_addr(&st.partials[b][Cfg::kStatU][j][own_row]));
+        const float2 c = make_float2(exp2_fast(m[j].x - ref.x), exp2_fast(m[j].y - ref.y));
+        sum_l = make_float2(fmaf(l.x, c.x, sum_l.x), fmaf(l.y, c.y, sum_l.y));
+        sum_u = make_float2(fmaf(u.x, c.x, sum_u.x), fmaf(u.y, c.y, sum_u.y));
+        own = j == wi ? c : own;
+      }
+      const float inv0 = sum_l.x > 0.0f ? 1.0f / sum_l.x : 0.0f, inv1 = sum_l.y > 0.0f ? 1.0f / sum_l.y : 0.0f;
+      const float f0 = own.x * inv0 * fold, f1 = own.y * inv1 * fold;
+      const float fh[4] = {f0, f0 * (sum_u.x * inv0), f1, f1 * (sum_u.y * inv1)};  // (f, f · D) of the two rows
+      const uint32_t at = smem_addr(&st.factors[wi][own_row]);
+      __syncwarp();  // every lane has read the previous step's factors
+      store_shared_f2(at, fh[0], fh[1]);
+      store_shared_f2(at + uint32_t(sizeof(float2)), fh[2], fh[3]);
+      __syncwarp();
+    };
+
+    // dSᵀ of step g, its statistics combined: P_c · (dP · f − f · D), 0 where P_c is (masked).
+    const auto dst_of = [&](FragS16& tSrdS, int64_t m0, int64_t n0w) {
+      if (keys.cuts(m0, kBlockM, n0w, kHalf) && keys.sees_none(m0, kBlockM, n0w)) {
+        fill(tSrdS, Element(0.0f));
+        return;
+      }
+      Tensor tSrdP_rc = make_tensor(tSrdP.data(), rowcol(tSrdP.layout()));  // (keys, rows)
+      Tensor tSrdS_rc = make_tensor(tSrdS.data(), rowcol(tSrdS.layout()));  // (keys, rows)
+      const uint32_t factors = smem_addr(&st.factors[wi][0]);
+      const auto elementwise = [&](auto is_cut) {
+        CUTE_UNROLL
+        for (int ci = 0; ci < kRows; ci += 2) {
+          const float4 fh = load_shared_f4(factors + uint32_t(get<1>(tScS_rc(0, ci))) * uint32_t(sizeof(float2)));
+          CUTE_UNROLL
+          for (int ki = 0; ki < kKeys; ++ki) {
+            const float2 p = __half22float2(tSrPc[ki + ci]);  // rows ci, ci + 1
+            const float ds0 = p.x * fmaf(float(tSrdP_rc(ki, ci)), fh.x, -fh.y);
+            const float ds1 = p.y * fmaf(float(tSrdP_rc(ki, ci + 1)), fh.z, -fh.w);
+            tSrdS_rc(ki, ci) = Element(decltype(is_cut)::value && p.x == 0.0f ? 0.0f : ds0);
+            tSrdS_rc(ki, ci + 1) = Element(decltype(is_cut)::value && p.y == 0.0f ? 0.0f : ds1);
+          }
+        }
+      };
+      if (keys.cuts(m0, kBlockM, n0w, kHalf)) {
+        elementwise(std::true_type{});
+      } else {
+        elementwise(std::false_type{});
+      }
+    };
+
+    // The dQ partial of step (head, m0), complete, finished (KbFinish) and stored from registers: the step's
+    // 64 rows below Sq, all of D.
+    const Operand dq_op = prob.dq;
+    const bool dq_vector = aligned_rows<Element>(dq_op, 2);
+    const auto store_dq = [&](const FragdQ& tdQrdQ, int64_t b, int64_t head, int64_t m0) {
+      Element* dq = static_cast<Element*>(dq_op.ptr) + dq_op.offset(b, head, m0, 0);
+      with_kb_finish<Cfg>(prob, [&](auto finish) {
+        constexpr KbFinish kFinish = decltype(finish)::value;
+        CUTE_UNROLL
+        for (int i = 0; i < size(tdQrdQ); i += 2) {  // an accumulator holds pairs of adjacent columns
+          const int r = get<0>(tdQcdQ(i)), d = get<1>(tdQcdQ(i));
+          if (m0 + r < prob.Sq) {
+            store_converted(dq + r * dq_op.sr + d, kb_finish<kFinish>(tdQrdQ(i), prob.scale),
+                            kb_finish<kFinish>(tdQrdQ(i + 1), prob.scale), dq_vector);
+          }
+        }
+      });
+    };
+
+    auto stage_state = cutlass::PipelineState<Cfg::kStages>{};
+    int g = 0;        // the CTA's steps so far: g mod 2 picks the dS buffer and the dQ product's consumer
+    int k_loads = 0;  // tiles with steps so far
+    KbTileReader<Cfg> tiles(params, st);
+    for (KbTile tile; tiles.next(tile);) {
+      const KbWork<Cfg> work(params.order, tile);
+      const int64_t n0w = work.n0 + int64_t(w) * kHalf;  // this consumer's first key
+      const KBufferUse<Cfg> k_use(k_loads);
+      clear(tdKrdK);
+      StepCursor at = work.first();
+      if (work.steps > 0) {
+        ++k_loads;
+        Cfg::TxBarrier::wait(&st.k_full[k_use.buffer], k_use.phase);
+        copy(s2r_k, thr_s2r_k.partition_S(sKw_of(k_use.buffer)), thr_s2r_k.retile_D(tSrK));  // resident
+        stage_pipe.consumer_wait(stage_state);  // Sᵀ of step 0
+        FragS tSrS;                             // (MMA, 1, 1) fp32
+        issue_s(stage_state.index(), tSrS);
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tSrS);
+        stats_ahead(tSrS, stage_state.index(), int64_t(at.block) * kBlockM, n0w, g);
+      }
+      // Nothing in flight at the top of a step: every product of a step is awaited in it.
+      for (int t = 0; t < work.steps; ++t, ++g) {
+        const int stage = stage_state.index(), buf = g % kBuffers;
+        const bool turn = buf == w;  // the dQ product of step g
+        const int64_t head = at.head;
+        const int64_t m0 = int64_t(at.block) * kBlockM;
+        work.advance(at);
+        auto next_state = stage_state;
+        ++next_state;
+
+        combine(g);
+        FragS16 tSrdS;  // (MMA, 1, 1): dSᵀ of this step, the dK product's A operand
+        dst_of(tSrdS, m0, n0w);
+        // dS buffer g mod 2 was last read by the dQ product of step g − 2, awaited in that step by its
+        // consumer, who arrived at the dS barrier of step g − 1 after it (the other consumer passed it).
+        copy(r2s, thr_r2s.retile_S(tSrdS), thr_r2s.partition_D(Cfg::consumer_keys(sdSt(_, _, buf), w)));
+        if (!turn) {
+          cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
+          cutlass::arch::NamedBarrier::arrive(kDsBarrierThreads, Cfg::kDsBarrier + buf);
+        }
+        // Sᵀ of step t + 1 (the tile's last step's multiplies its own tiles and is never read: straight-line
+        // wgmma keeps ptxas from serialising them), then dK += dSᵀ Q.
+        const bool ahead = t + 1 < work.steps;
+        if (ahead) stage_pipe.consumer_wait(next_state);
+        FragS tSrS;  // (MMA, 1, 1) fp32: Sᵀ of step t + 1
+        issue_s(ahead ? next_state.index() : stage, tSrS);
+        const Tensor tdKrdS = make_tensor(tSrdS.data(), acc_as_operand_a(tSrdS.layout()));  // ((2, 2, 2), 1, BM/16)
+        warpgroup_arrive();
+        CUTE_UNROLL
+        for (int kb = 0; kb < size<2>(tdKrdS); ++kb) gemm(mma_dk, tdKrdS(_, _, kb), tdKrQ(_, _, kb, stage), tdKrdK);
+        warpgroup_commit_batch();
+        if (turn) {
+          cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
+          cutlass::arch::NamedBarrier::sync(kDsBarrierThreads, Cfg::kDsBarrier + buf);
+          FragdQ tdQrdQ;  // (MMA, 1, 1) fp32
+          warpgroup_arrive();
+          mma_dq.accumulate_ = GMMA::ScaleOut::Zero;
+          CUTE_UNROLL
+          for (int kb = 0; kb < size<2>(tdQrK); ++kb) {
+            gemm(mma_dq, tdQrdS(_, _, kb, buf), tdQrK(_, _, kb, k_use.buffer), tdQrdQ);
+            mma_dq.accumulate_ = GMMA::ScaleOut::One;
+          }
+          warpgroup_commit_batch();
+          // Every product of the step: the dQ partial is stored now, so that its registers are free for the
+          // statistics a step ahead (Sᵀ(t + 1), P_c(t + 1) and dP(t + 1) live at once).
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(tdQrdQ);
+          store_dq(tdQrdQ, work.b, head, m0);
+        } else {
+          warpgroup_wait<0>();
+        }
+        warpgroup_fence_operand(tSrS);
+        if (ahead) stats_ahead(tSrS, next_state.index(), int64_t(at.block) * kBlockM, n0w, g + 1);
+        stage_pipe.consumer_release(stage_state);  // this warpgroup's last reader of the stage is done
+        stage_state = next_state;
+      }
+      // Then this consumer reads the tile's K buffer no more (k_empty counts every consumer thread).
+      warpgroup_fence_operand(tdKrdK);
+      if (work.steps > 0) cutlass::arch::ClusterBarrier::arrive(&st.k_empty[k_use.buffer]);
+      kb_store_dk<Cfg>(params, w, tdKrdK, thr_dk.partition_C(make_identity_tensor(Shape<HF, HD>{})), work);
+    }
+  }
+};
+
+}  // namespace qksoftmax::cuda::sm90

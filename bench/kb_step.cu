@@ -209,9 +209,17 @@ Result run_case(const MicroRun& micro, const KbStepShape& s, const KbBuffers& b,
 // a timing may do. dP ~ N(0, 1), so that dS is not zero.
 constexpr int64_t kSpKeys = 128;
 using Sp = qksoftmax::cuda::sm90::SpConfig<Element, int(kKbHeadDim)>;
+struct TracedSp : Sp {
+  using Trace = PhaseTrace;
+};
+using qksoftmax::cuda::sm90::SpTracePhase;
+constexpr const char* kSpConsumerPhases[] = {"combine",   "dS",        "dS store",  "issue S",
+                                             "issue dK",  "dS barrier", "issue dQ", "wait all",
+                                             "store dQ",  "statistics", "tile start", "tile end"};
+static_assert(int(std::size(kSpConsumerPhases)) == int(SpTracePhase::kCount), "a name per phase");
 static_assert(Sp::kMaxSk == kSpKeys && Sp::kBlockM == kKbBlockM, "the single pass's step is the key-block step");
 
-Result run_sp_case(const MicroRun& micro, const KbStepShape& s, KbStepResult* out) {
+Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool trace, KbStepResult* out) {
   cudaStream_t stream = micro.stream.get();
   int device = 0;
   QKB_CUDA(cudaGetDevice(&device));
@@ -257,6 +265,15 @@ Result run_sp_case(const MicroRun& micro, const KbStepShape& s, KbStepResult* ou
   out->step_us = us * active_sms / total_steps;
   const double flops = double(out->products) * kFlopsPerMac * kKbBlockM * kSpKeys * kKbHeadDim * total_steps;
   out->tensor_share = flops / (us * kMicro) / (micro.ceilings.bf16_TFLOPs * kTera);
+  if (trace) {
+    std::printf("kb single_pass: %.3f us per step\n", out->step_us);
+    QKB_TRY(clear_trace(stream));
+    QKB_TRY(library_result(qksoftmax::cuda::run_sm90_single_pass<TracedSp>(prob, stream), "traced single pass"));
+    PhaseCycles c;
+    QKB_TRY(read_trace(stream, &c));
+    print_consumer_trace(c, int(KbTraceRole::kConsumer0), int(KbTraceRole::kConsumer1), kSpConsumerPhases,
+                         int(SpTracePhase::kCount), total_steps);
+  }
   return {};
 }
 
@@ -286,7 +303,7 @@ Result run_kb_steps(const MicroRun& micro, bool trace, KbStepShape* shape, std::
     }
   }
   KbStepResult r;
-  QKB_TRY(run_sp_case(micro, s, &r));
+  QKB_TRY(run_sp_case(micro, s, trace, &r));
   std::printf("kb %-10s %-4s %9.1f %12.3f %8d %6.1f%% %8.1f   (rows of %lld keys, statistics a step ahead)\n",
               r.mode.c_str(), r.dq.c_str(), r.us, r.step_us, r.products, 100.0 * r.tensor_share,
               double(r.bytes) / kBytesPerMiB, (long long)kSpKeys);

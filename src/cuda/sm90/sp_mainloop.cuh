@@ -29,6 +29,7 @@
 
 #include "cuda/sm90/kb_epilogue.cuh"
 #include "cuda/sm90/sp_config.h"
+#include "cuda/sm90/trace.h"
 
 namespace qksoftmax::cuda::sm90 {
 
@@ -73,6 +74,7 @@ struct SpMainloop {
     const int tid = threadIdx.x % Cfg::kWarpgroupThreads;
     const int lane = tid % 32;
     const int wi = w * (Cfg::kWarpgroupThreads / 32) + tid / 32;  // this warp among the consumers' 8
+    typename Cfg::Trace trace(w == 0 ? KbTraceRole::kConsumer0 : KbTraceRole::kConsumer1, tid < 32);
     const KeyRange keys = prob.keys();
     const float scale_log2 = prob.scale * kLog2e;
     // What f carries beyond 2^(m_own − LSE·log2e): |scale| where dS carries the scale (KbRows' fold).
@@ -347,6 +349,7 @@ struct SpMainloop {
         warpgroup_fence_operand(tSrS);
         stats_ahead(tSrS, stage_state.index(), int64_t(at.block) * kBlockM, n0w, g);
       }
+      trace.mark(SpTracePhase::kTileStart);
       // Nothing in flight at the top of a step: every product of a step is awaited in it.
       for (int t = 0; t < work.steps; ++t, ++g) {
         const int stage = stage_state.index(), buf = g % kBuffers;
@@ -358,8 +361,10 @@ struct SpMainloop {
         ++next_state;
 
         combine(g);
+        trace.mark(SpTracePhase::kCombine);
         FragS16 tSrdS;  // (MMA, 1, 1): dSᵀ of this step, the dK product's A operand
         dst_of(tSrdS, m0, n0w);
+        trace.mark(SpTracePhase::kDs);
         // dS buffer g mod 2 was last read by the dQ product of step g − 2, awaited in that step by its
         // consumer, who arrived at the dS barrier of step g − 1 after it (the other consumer passed it).
         copy(r2s, thr_r2s.retile_S(tSrdS), thr_r2s.partition_D(Cfg::consumer_keys(sdSt(_, _, buf), w)));
@@ -367,20 +372,24 @@ struct SpMainloop {
           cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
           cutlass::arch::NamedBarrier::arrive(kDsBarrierThreads, Cfg::kDsBarrier + buf);
         }
+        trace.mark(SpTracePhase::kStoreDs);
         // Sᵀ of step t + 1 (the tile's last step's multiplies its own tiles and is never read: straight-line
         // wgmma keeps ptxas from serialising them), then dK += dSᵀ Q.
         const bool ahead = t + 1 < work.steps;
         if (ahead) stage_pipe.consumer_wait(next_state);
         FragS tSrS;  // (MMA, 1, 1) fp32: Sᵀ of step t + 1
         issue_s(ahead ? next_state.index() : stage, tSrS);
+        trace.mark(SpTracePhase::kIssueS);
         const Tensor tdKrdS = make_tensor(tSrdS.data(), acc_as_operand_a(tSrdS.layout()));  // ((2, 2, 2), 1, BM/16)
         warpgroup_arrive();
         CUTE_UNROLL
         for (int kb = 0; kb < size<2>(tdKrdS); ++kb) gemm(mma_dk, tdKrdS(_, _, kb), tdKrQ(_, _, kb, stage), tdKrdK);
         warpgroup_commit_batch();
+        trace.mark(SpTracePhase::kIssueDk);
         if (turn) {
           cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
           cutlass::arch::NamedBarrier::sync(kDsBarrierThreads, Cfg::kDsBarrier + buf);
+          trace.mark(SpTracePhase::kDsBarrier);
           FragdQ tdQrdQ;  // (MMA, 1, 1) fp32
           warpgroup_arrive();
           mma_dq.accumulate_ = GMMA::ScaleOut::Zero;
@@ -390,16 +399,21 @@ struct SpMainloop {
             mma_dq.accumulate_ = GMMA::ScaleOut::One;
           }
           warpgroup_commit_batch();
+          trace.mark(SpTracePhase::kIssueDq);
           // Every product of the step: the dQ partial is stored now, so that its registers are free for the
           // statistics a step ahead (Sᵀ(t + 1), P_c(t + 1) and dP(t + 1) live at once).
           warpgroup_wait<0>();
           warpgroup_fence_operand(tdQrdQ);
+          trace.mark(SpTracePhase::kWaitProducts);
           store_dq(tdQrdQ, work.b, head, m0);
+          trace.mark(SpTracePhase::kStoreDq);
         } else {
           warpgroup_wait<0>();
+          trace.mark(SpTracePhase::kWaitProducts);
         }
         warpgroup_fence_operand(tSrS);
         if (ahead) stats_ahead(tSrS, next_state.index(), int64_t(at.block) * kBlockM, n0w, g + 1);
+        trace.mark(SpTracePhase::kStats);
         stage_pipe.consumer_release(stage_state);  // this warpgroup's last reader of the stage is done
         stage_state = next_state;
       }
@@ -407,6 +421,7 @@ struct SpMainloop {
       warpgroup_fence_operand(tdKrdK);
       if (work.steps > 0) cutlass::arch::ClusterBarrier::arrive(&st.k_empty[k_use.buffer]);
       kb_store_dk<Cfg>(params, w, tdKrdK, thr_dk.partition_C(make_identity_tensor(Shape<HF, HD>{})), work);
+      trace.mark(SpTracePhase::kTileEnd);
     }
   }
 };

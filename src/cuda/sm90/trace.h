@@ -69,6 +69,25 @@ enum class KbTracePhase : int {
   kCount = kTileEnd + 1  // the consumers' phases, the most of any role
 };
 
+// The single pass on the key-block machinery (sp_mainloop.cuh): its consumers' phases, in the order of a step
+// (roles as KbTraceRole's consumers).
+enum class SpTracePhase : int {
+  kCombine,       // the step's partials awaited and combined into the warp's factors
+  kDs,            // dSᵀ element-wise
+  kStoreDs,       // dS written by stmatrix, announced off turn
+  kIssueS,        // Sᵀ of the next step issued, after its stage's wait
+  kIssueDk,       // the dK product issued
+  kDsBarrier,     // the other consumer's dS written (on turn)
+  kIssueDq,       // the dQ product issued (on turn)
+  kWaitProducts,  // every product of the step done
+  kStoreDq,       // the dQ partial stored (on turn)
+  kStats,         // the next step's statistics: P_c, dPᵀ read, partials written
+  kTileStart,     // per tile: its index, K awaited and read, Sᵀ of its step 0 and its statistics
+  kTileEnd,       // per tile: K handed back, dK stored
+  kCount
+};
+static_assert(int(SpTracePhase::kCount) <= int(KbTracePhase::kCount), "a trace holds the key-block pass's phases");
+
 struct NoTrace {
   template <class Role>
   CUTE_DEVICE explicit NoTrace(Role, bool) {}

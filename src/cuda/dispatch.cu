@@ -69,6 +69,7 @@ bool sm90_tma_ready(const Problem& prob) {
 bool sm90_single_pass(const Problem& prob) { return sm90_tma_ready(prob) && sm90_single_pass_fits(prob); }
 
 // Of those, the single pass on the key-block machinery (sm90/sp_config.h) takes recompute rows of up to 128 keys
+// with dQ in TMA's reach
 // (a given LSE is not read: the pass computes its own statistics, as it must for D anyway) where its tiles, one
 // per (batch, key head), fill the GPU or are short: with fewer tiles than SMs and more than kSm90SpMaxSteps steps
 // a tile, the row-block tiles of the cluster single pass spread the work wider.
@@ -76,6 +77,7 @@ constexpr int64_t kSm90SpMaxSk = 128;
 constexpr int64_t kSm90SpMaxSteps = 64;
 bool sm90_sp(const Problem& prob, int sms) {
   if (prob.mode != BackwardMode::kRecompute || prob.Sk > kSm90SpMaxSk) return false;
+  if (!tma_compatible(prob.dq, dtype_size(prob.dtype))) return false;  // dQ stored by TMA
   const int64_t steps = (prob.Sq + sm90::kSpBlockM - 1) / sm90::kSpBlockM * prob.group();
   return prob.B * prob.Hk >= sms || steps <= kSm90SpMaxSteps;
 }

@@ -83,9 +83,24 @@ struct SpConfig : KbConfig<Element_, kHeadDim_, false, true> {
   static constexpr int kSmemBytes = int(sizeof(Storage));
   static_assert(kSmemBytes <= kSm90SmemPerCta, "the single pass's shared memory exceeds a CTA's 227 KB");
 
+  // The dQ partial of a step, rounded, staged by stmatrix in the step's dS buffer (free once the step's dQ
+  // product, its only reader, is complete; SmemLayoutdQ is one dS buffer's layout) and stored into dQ by one TMA:
+  // (rows, d, head, batch).
+  using typename Base::SmemLayoutdQ;
+  static_assert(cosize_v<SmemLayoutdQ> == cosize_v<SmemLayoutdS2> / Base::kBuffers,
+                "a dS buffer holds a dQ partial");
+  using TmaStoredQ = decltype(make_tma_copy(
+      SM90_TMA_STORE{},
+      make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), Shape<int32_t, HD, int32_t, int32_t>{},
+                  Stride<int64_t, _1, int64_t, int64_t>{}),
+      SmemLayoutdQ{}));
+  // Named barrier (after the dS barriers) by consumer: its 128 threads' stmatrix of the dQ partial done.
+  static constexpr uint32_t kDqStagedBarrier = 2;  // + consumer
+
   struct Params {
     Problem prob;
     Loads tma;
+    TmaStoredQ tma_dq;
     TileOrder order;
     int* tile_counter;  // (unused: the tiles are dealt statically)
   };

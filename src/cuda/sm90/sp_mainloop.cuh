@@ -10,9 +10,9 @@
 //   element-wise: dSᵀ = P_c ∘ (dPᵀ · f − f · D), where P_c = 2^(x − m_own) (x = S·scale·log2e) was kept from step
 //   t − 1 in fp16 and dPᵀ in registers; masked positions have P_c = 0 and take dS = 0 whatever dP holds;
 //   dS into the step's dS buffer, Sᵀ(t + 1) and dK += dSᵀ Q issued, on its turn the dQ product (both
-//   consumers' dS) as in the key-block step; all three awaited, and the dQ partial stored from registers (at
-//   most 128 keys: each dQ row block has exactly one step and is stored, not added), which frees its
-//   registers for what follows;
+//   consumers' dS) as in the key-block step; all three awaited, and the dQ partial rounded into the step's dS
+//   buffer (free: its dQ product is done) and stored by TMA (at most 128 keys: each dQ row block has exactly
+//   one step and is stored, not added), which frees its registers for what follows;
 //   then the statistics a step ahead: x masked to −inf, each
 //   row's maximum over the warp's keys (3 shuffles a row), P_c(t + 1) in fp16, dPᵀ(t + 1) read into
 //   registers, l and u reduced by a butterfly that halves the values each round (8 + 4 + 2 shuffles leave a
@@ -49,6 +49,46 @@ __device__ inline void halve_rows_from8(float (&v)[8], int lane, Op op) {
   for (int k = 0; k < 2; ++k) {
     const float keep = b2 ? v[k + 2] : v[k], send = b2 ? v[k] : v[k + 2];
     v[k] = op(keep, __shfl_xor_sync(0xffffffffu, send, 4));
+  }
+}
+
+// The whole halving reduction of 16 rows (its first round, then halve_rows_from8): v[0], v[1] the warp's
+// reduction of rows ci = 2 (lane / 4) + {0, 1}.
+template <class Op>
+__device__ inline void halve_rows(float (&v)[16], int lane, Op op) {
+  const bool b4 = lane & 16;
+  float half[8];
+  CUTE_UNROLL
+  for (int k = 0; k < 8; ++k) {
+    const float keep = b4 ? v[k + 8] : v[k], send = b4 ? v[k] : v[k + 8];
+    half[k] = op(keep, __shfl_xor_sync(0xffffffffu, send, 16));
+  }
+  halve_rows_from8(half, lane, op);
+  v[0] = half[0];
+  v[1] = half[1];
+}
+
+// Its inverse for a value that every lane of a row holds alike (a maximum): v[0], v[1] as halve_rows leaves them
+// spread back so that v[ci] holds row ci's value on every lane (2 + 4 + 8 shuffles).
+__device__ inline void spread_rows(float (&v)[16], int lane) {
+  const bool b4 = lane & 16, b3 = lane & 8, b2 = lane & 4;
+  CUTE_UNROLL
+  for (int k = 1; k >= 0; --k) {
+    const float own = v[k], other = __shfl_xor_sync(0xffffffffu, own, 4);
+    v[k] = b2 ? other : own;
+    v[k + 2] = b2 ? own : other;
+  }
+  CUTE_UNROLL
+  for (int k = 3; k >= 0; --k) {
+    const float own = v[k], other = __shfl_xor_sync(0xffffffffu, own, 8);
+    v[k] = b3 ? other : own;
+    v[k + 4] = b3 ? own : other;
+  }
+  CUTE_UNROLL
+  for (int k = 7; k >= 0; --k) {
+    const float own = v[k], other = __shfl_xor_sync(0xffffffffu, own, 16);
+    v[k] = b4 ? other : own;
+    v[k + 8] = b4 ? own : other;
   }
 }
 
@@ -120,7 +160,6 @@ struct SpMainloop {
     auto thr_dq = mma_dq.get_thread_slice(tid);
     const Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);   // (MMA, 1, BN/16, DB) descriptors
     const Tensor tdQrK = thr_dq.partition_fragment_B(sKt);    // (MMA, 1, BN/16, KB) descriptors
-    Tensor tdQcdQ = thr_dq.partition_C(make_identity_tensor(Shape<BM, HD>{}));  // (MMA, 1, 1) → (r, d)
 
     const auto issue_s = [&](int stage, FragS& acc) {
       warpgroup_fence_operand(acc);
@@ -177,18 +216,16 @@ struct SpMainloop {
       } else {
         scaled(std::integral_constant<BlockCut, BlockCut::kRows>{}, 0);
       }
-      // Each row's maximum over the warp's keys, reduced across its 8 lanes just before its exponentials, so that
-      // no array of maxima stays live beside Sᵀ; the two rows this lane writes partials for keep theirs.
-      float m_own[2] = {-INFINITY, -INFINITY};
-      const int own_ci = 2 * (lane / 4);
+      // Each row's maximum over the warp's keys: halved (8 + 4 + 2 shuffles, this lane's two rows kept for its
+      // partials) and spread back (2 + 4 + 8).
+      float mx[kRows];
+      CUTE_UNROLL
+      for (int ci = 0; ci < kRows; ++ci) mx[ci] = fmaxf(tSrS_rc(0, ci), tSrS_rc(1, ci));
+      halve_rows(mx, lane, [](float a, float b) { return fmaxf(a, b); });
+      const float m_own[2] = {mx[0], mx[1]};
+      spread_rows(mx, lane);
       const auto row_max = [&](int ci) {
-        float mx = fmaxf(tSrS_rc(0, ci), tSrS_rc(1, ci));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-        m_own[0] = ci == own_ci ? mx : m_own[0];
-        m_own[1] = ci == own_ci + 1 ? mx : m_own[1];
-        return mx == -INFINITY ? 0.0f : mx;  // a row that sees none of the warp's keys: P_c = 0
+        return mx[ci] == -INFINITY ? 0.0f : mx[ci];  // a row that sees none of the warp's keys: P_c = 0
       };
       // Rows ci, ci + 1, ci + 8, ci + 9 (ci even) at a time: a register of P_c holds rows ci and ci + 1 of a key
       // (written at once), and the first halving round pairs row ci with ci + 8, so that no more than 8 of l and
@@ -309,23 +346,34 @@ struct SpMainloop {
       }
     };
 
-    // The dQ partial of step (head, m0), complete, finished (KbFinish) and stored from registers: the step's
-    // 64 rows below Sq, all of D.
-    const Operand dq_op = prob.dq;
-    const bool dq_vector = aligned_rows<Element>(dq_op, 2);
-    const auto store_dq = [&](const FragdQ& tdQrdQ, int64_t b, int64_t head, int64_t m0) {
-      Element* dq = static_cast<Element*>(dq_op.ptr) + dq_op.offset(b, head, m0, 0);
+    // The dQ partial of step (head, m0), complete, finished (KbFinish), rounded into the step's dS buffer `buf`
+    // (its dQ product, the buffer's only reader, is complete) by stmatrix and stored into dQ by one TMA from
+    // this consumer's first thread; rows past Sq are clipped by TMA. That thread waits for the store's read of
+    // the buffer before it arrives at the next step's dS barrier: the buffer's next writers (both consumers, two
+    // steps on) pass that barrier first.
+    typename Cfg::CopydQ r2s_dq;
+    auto thr_r2s_dq = r2s_dq.get_thread_slice(tid);
+    const auto dq_addr = matrix_addresses(
+        thr_r2s_dq.partition_D(make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdQ{})));
+    constexpr uint32_t kDsBufferBytes = uint32_t(cosize_v<typename Cfg::SmemLayoutdQ> * sizeof(Element));
+    Tensor mdQ = params.tma_dq.get_tma_tensor(make_shape(int32_t(prob.Sq), HD{}, int32_t(prob.Hq), int32_t(prob.B)));
+    const auto store_dq = [&](const FragdQ& tdQrdQ, int buf, int64_t b, int64_t head, int64_t m0) {
       with_kb_finish<Cfg>(prob, [&](auto finish) {
         constexpr KbFinish kFinish = decltype(finish)::value;
+        Tensor out = make_fragment_like<Element>(tdQrdQ);  // (MMA, 1, 1)
         CUTE_UNROLL
-        for (int i = 0; i < size(tdQrdQ); i += 2) {  // an accumulator holds pairs of adjacent columns
-          const int r = get<0>(tdQcdQ(i)), d = get<1>(tdQcdQ(i));
-          if (m0 + r < prob.Sq) {
-            store_converted(dq + r * dq_op.sr + d, kb_finish<kFinish>(tdQrdQ(i), prob.scale),
-                            kb_finish<kFinish>(tdQrdQ(i + 1), prob.scale), dq_vector);
-          }
-        }
+        for (int i = 0; i < size(tdQrdQ); ++i) out(i) = Element(kb_finish<kFinish>(tdQrdQ(i), prob.scale));
+        store_matrices(dq_addr, uint32_t(buf) * kDsBufferBytes, thr_r2s_dq.retile_S(out));
       });
+      cutlass::arch::fence_view_async_shared();  // dQ written by threads, read by TMA
+      cutlass::arch::NamedBarrier::sync(Cfg::kWarpgroupThreads, Cfg::kDqStagedBarrier + w);
+      if (tid == 0) {
+        Tensor sdQ = make_tensor(make_smem_ptr(st.ds.data() + buf * cosize_v<typename Cfg::SmemLayoutdQ>),
+                                 typename Cfg::SmemLayoutdQ{});                                       // (BM, D)
+        Tensor gdQ = local_tile(mdQ(_, _, head, b), Shape<BM, HD>{}, make_coord(int(m0 / kBlockM), 0));  // (BM, D)
+        tma_store_tile(params.tma_dq, sdQ, gdQ);
+        tma_store_arrive();
+      }
     };
 
     auto stage_state = cutlass::PipelineState<Cfg::kStages>{};
@@ -369,6 +417,7 @@ struct SpMainloop {
         // consumer, who arrived at the dS barrier of step g − 1 after it (the other consumer passed it).
         copy(r2s, thr_r2s.retile_S(tSrdS), thr_r2s.partition_D(Cfg::consumer_keys(sdSt(_, _, buf), w)));
         if (!turn) {
+          if (tid == 0) tma_store_wait<0>();  // the previous step's dQ store has read its dS buffer (store_dq)
           cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
           cutlass::arch::NamedBarrier::arrive(kDsBarrierThreads, Cfg::kDsBarrier + buf);
         }
@@ -405,7 +454,7 @@ struct SpMainloop {
           warpgroup_wait<0>();
           warpgroup_fence_operand(tdQrdQ);
           trace.mark(SpTracePhase::kWaitProducts);
-          store_dq(tdQrdQ, work.b, head, m0);
+          store_dq(tdQrdQ, buf, work.b, head, m0);
           trace.mark(SpTracePhase::kStoreDq);
         } else {
           warpgroup_wait<0>();
@@ -423,6 +472,7 @@ struct SpMainloop {
       kb_store_dk<Cfg>(params, w, tdKrdK, thr_dk.partition_C(make_identity_tensor(Shape<HF, HD>{})), work);
       trace.mark(SpTracePhase::kTileEnd);
     }
+    if (tid == 0) tma_store_wait<0>();  // the last dQ store reads shared memory until it completes
   }
 };
 

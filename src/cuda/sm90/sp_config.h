@@ -43,12 +43,8 @@ struct SpConfig : KbConfig<Element_, kHeadDim_, false, true> {
   static constexpr int kMaxSk = kBlockN;      // the keys one CTA holds
   // Consumer warps; each reduces its own 16 keys of a row and writes one partial per row.
   static constexpr int kConsumerWarps = kConsumerThreads / 32;
-  // The statistics of step t are computed kStatsLead steps ahead, at the end of step t − kStatsLead: then a
-  // consumer that runs up to a step behind the other holds neither up at the combine. Their partials are buffered
-  // by step mod kStatBuffers: a buffer is written again kStatBuffers steps on, once every warp has combined from
-  // it (sp_mainloop.cuh).
-  static constexpr int kStatsLead = 2;
-  static constexpr int kStatBuffers = kStatsLead + 1;
+  // The statistics' partials are double-buffered by step parity (written a step ahead, read in the step).
+  static constexpr int kStatBuffers = 2;
   // The tile ring's readers: every consumer thread (no rows or dQ warp).
   static constexpr int kTileReaders = kConsumerThreads;
   // P of the next step, kept in registers against each warp's own row maximum: fp16 (values in (0, 1], 11-bit

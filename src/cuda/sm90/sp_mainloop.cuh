@@ -1,27 +1,25 @@
 // The consumer warpgroups of the single pass (sp_config.h): the key-block step (kb_mainloop.cuh) with each row's
-// statistics computed by the consumers themselves, two steps ahead. Consumer w owns keys [n0 + 64w, n0 + 64w + 64)
+// statistics computed by the consumers themselves, a step ahead. Consumer w owns keys [n0 + 64w, n0 + 64w + 64)
 // of the tile's block; a warp of it holds 16 of those keys × the step's 64 rows of Sᵀ, a row's 16 keys in the 8
 // lanes of equal lane mod 4 (2 keys each). Per 64-row step t (g counting the CTA's steps over its tiles):
-//   the statistics of step t, whose partials every consumer warp wrote in step t − 2, combined: each lane takes
+//   the statistics of step t, whose partials every consumer warp wrote in step t − 1, combined: each lane takes
 //   two rows, reads the 8 warps' (m, l, u) of them, and forms LSE·log2e = M + log2 L, D = U / L
 //   (L = Σ l_c 2^(m_c − M), U the same of u) and its warp's factor f = 2^(m_own − LSE·log2e) (times |scale| in
 //   bf16, as the key-block pass's rows fold it), then f and f · D of every row for its lanes through its warp's
 //   row of shared memory;
 //   element-wise: dSᵀ = P_c ∘ (dPᵀ · f − f · D), where P_c = 2^(x − m_own) (x = S·scale·log2e) was kept from step
-//   t − 2 in fp16 and dPᵀ is read from the stage; masked positions have P_c = 0 and take dS = 0 whatever dP
-//   holds;
-//   dS into the step's dS buffer, Sᵀ(t + 2) and dK += dSᵀ Q issued, on its turn the dQ product (both
+//   t − 1 in fp16 and dPᵀ in registers; masked positions have P_c = 0 and take dS = 0 whatever dP holds;
+//   dS into the step's dS buffer, Sᵀ(t + 1) and dK += dSᵀ Q issued, on its turn the dQ product (both
 //   consumers' dS) as in the key-block step; all three awaited, and the dQ partial rounded into the step's dS
 //   buffer (free: its dQ product is done) and stored by TMA (at most 128 keys: each dQ row block has exactly
 //   one step and is stored, not added), which frees its registers for what follows;
-//   then the statistics of step t + 2 (kStatsLead; Sᵀ(t + 2) is the step's first product): x masked to −inf,
-//   each row's maximum over the warp's keys (halved, 8 + 4 + 2 shuffles, and spread back), P_c(t + 2) in fp16
-//   (dPᵀ(t + 2) read for u), l and u reduced by the same halving butterfly, leaving a lane two rows, the warp's
-//   (m, l, u) of its two rows per lane written as its partials, and an arrival on the step's statistics
-//   barrier; the stage released.
-// The two consumers meet at the dS barrier (the consumer of the dQ turn needs the other's dS), as in the
-// key-block step, and at the statistics, whose partials the other consumer wrote two steps before: a consumer
-// up to a step behind the other holds it up at the dS barrier only.
+//   then the statistics a step ahead: x masked to −inf, each
+//   row's maximum over the warp's keys (3 shuffles a row), P_c(t + 1) in fp16, dPᵀ(t + 1) read into
+//   registers, l and u reduced by a butterfly that halves the values each round (8 + 4 + 2 shuffles leave a
+//   lane two rows), the warp's (m, l, u) of its two rows per lane written as its partials, and an arrival on
+//   the step's statistics barrier; the stage released.
+// The two consumers meet once a step at the statistics (each needs the other's partials) and at the dS barrier
+// (the consumer of the dQ turn needs the other's dS), as in the key-block step.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -175,22 +173,20 @@ struct SpMainloop {
       warpgroup_commit_batch();
     };
 
-    // What crosses from a step to the next: P_c of the next kStatsLead steps. The accumulators of Sᵀ and of the
-    // dQ partial live within a step (every product is awaited in its step, so no register that element-wise code
-    // writes is one of an accumulator in flight), and are dead where the other's registers are needed.
+    // What crosses from a step to the next: P_c and dPᵀ. The accumulators of Sᵀ and of the dQ partial live within
+    // a step (every product is awaited in its step, so no register that element-wise code writes is one of an
+    // accumulator in flight), and are dead where the other's registers are needed.
     using FragdQ = decltype(partition_fragment_C(mma_dq, Shape<BM, HD>{}));  // (MMA, 1, 1) fp32
-    static_assert(Cfg::kStatsLead == 2, "P_c of this step and of the next are carried (tSrPc, tSrPcNext)");
-    // P_c against this warp's row maxima, a pair of rows per register: [ki + 2j] holds key ki's rows ci = 2j and
-    // 2j + 1 (rowcol's order: ci = e + 2j, e the accumulator's adjacent pair); of this step and of the next.
-    using FragPc = __half2[kKeys * kRows / 2];
-    FragPc tSrPc, tSrPcNext;
+    // P_c of the step, against this warp's row maxima, a pair of rows per register: tSrPc[ki + 2j] holds key ki's
+    // rows ci = 2j and 2j + 1 (rowcol's order: ci = e + 2j, e the accumulator's adjacent pair).
+    __half2 tSrPc[kKeys * kRows / 2];
+    FragS16 tSrdP;  // dPᵀ of the step
     mma_dk.accumulate_ = GMMA::ScaleOut::One;
 
-    // The statistics of step g ahead of it: from its Sᵀ in tSrS and its dP in stage `stage`, its P_c into tSrPc and
-    // this warp's partials of its rows; then an arrival on the step's statistics barrier.
-    const auto stats_ahead = [&](FragS& tSrS, FragPc& pc, int stage, int64_t m0, int64_t n0w, int g) {
+    // The statistics a step ahead: from Sᵀ in tSrS and dP of stage `stage`, step g's P_c into tSrPc, dPᵀ into
+    // tSrdP, and this warp's partials of its rows; then an arrival on the step's statistics barrier.
+    const auto stats_ahead = [&](FragS& tSrS, int stage, int64_t m0, int64_t n0w, int g) {
       Tensor tSrS_rc = make_tensor(tSrS.data(), rowcol(tSrS.layout()));     // (keys, rows)
-      FragS16 tSrdP;                                                         // (MMA, 1, 1): dPᵀ of step g
       Tensor tSrdP_rc = make_tensor(tSrdP.data(), rowcol(tSrdP.layout()));  // (keys, rows)
       copy(s2r, thr_s2r.partition_S(Cfg::consumer_keys(sdPt(_, _, stage), w)), thr_s2r.retile_D(tSrdP));
       // x = S·scale·log2e where the row sees the key, −inf elsewhere (KeyRange::cut's kinds, as the key-block
@@ -260,7 +256,7 @@ struct SpMainloop {
             const int ci = k + (h >> 1) * (kRows / 2);
             CUTE_UNROLL
             for (int ki = 0; ki < kKeys; ++ki) {
-              pc[ki + ci] = __floats2half2_rn(tSrS_rc(ki, ci), tSrS_rc(ki, ci + 1));
+              tSrPc[ki + ci] = __floats2half2_rn(tSrS_rc(ki, ci), tSrS_rc(ki, ci + 1));
             }
           }
           CUTE_UNROLL
@@ -320,15 +316,12 @@ struct SpMainloop {
       __syncwarp();
     };
 
-    // dSᵀ of step g, its statistics combined: P_c · (dP · f − f · D), 0 where P_c is (masked); dPᵀ read again
-    // from the step's stage.
-    const auto dst_of = [&](FragS16& tSrdS, int stage, int64_t m0, int64_t n0w) {
+    // dSᵀ of step g, its statistics combined: P_c · (dP · f − f · D), 0 where P_c is (masked).
+    const auto dst_of = [&](FragS16& tSrdS, int64_t m0, int64_t n0w) {
       if (keys.cuts(m0, kBlockM, n0w, kHalf) && keys.sees_none(m0, kBlockM, n0w)) {
         fill(tSrdS, Element(0.0f));
         return;
       }
-      FragS16 tSrdP;  // (MMA, 1, 1)
-      copy(s2r, thr_s2r.partition_S(Cfg::consumer_keys(sdPt(_, _, stage), w)), thr_s2r.retile_D(tSrdP));
       Tensor tSrdP_rc = make_tensor(tSrdP.data(), rowcol(tSrdP.layout()));  // (keys, rows)
       Tensor tSrdS_rc = make_tensor(tSrdS.data(), rowcol(tSrdS.layout()));  // (keys, rows)
       const uint32_t factors = smem_addr(&st.factors[wi][0]);
@@ -386,15 +379,6 @@ struct SpMainloop {
     auto stage_state = cutlass::PipelineState<Cfg::kStages>{};
     int g = 0;        // the CTA's steps so far: g mod 2 picks the dS buffer and the dQ product's consumer
     int k_loads = 0;  // tiles with steps so far
-    // Sᵀ of a step into its stage's accumulator, awaited, and its statistics into pc (steps 0 and 1 of a tile).
-    const auto lead_in = [&](const auto& state, FragPc& pc, const StepCursor& step, int64_t n0w, int step_g) {
-      stage_pipe.consumer_wait(state);
-      FragS tSrS;  // (MMA, 1, 1) fp32
-      issue_s(state.index(), tSrS);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tSrS);
-      stats_ahead(tSrS, pc, state.index(), int64_t(step.block) * kBlockM, n0w, step_g);
-    };
     KbTileReader<Cfg> tiles(params, st);
     for (KbTile tile; tiles.next(tile);) {
       const KbWork<Cfg> work(params.order, tile);
@@ -402,19 +386,16 @@ struct SpMainloop {
       const KBufferUse<Cfg> k_use(k_loads);
       clear(tdKrdK);
       StepCursor at = work.first();
-      StepCursor ahead_at = at;  // step t + kStatsLead of the loop below
-      auto state1 = stage_state;  // step t + 1's stage, then t + 2's
-      ++state1;
-      auto state2 = state1;
-      ++state2;
       if (work.steps > 0) {
         ++k_loads;
         Cfg::TxBarrier::wait(&st.k_full[k_use.buffer], k_use.phase);
         copy(s2r_k, thr_s2r_k.partition_S(sKw_of(k_use.buffer)), thr_s2r_k.retile_D(tSrK));  // resident
-        lead_in(stage_state, tSrPc, ahead_at, n0w, g);
-        work.advance(ahead_at);
-        if (work.steps > 1) lead_in(state1, tSrPcNext, ahead_at, n0w, g + 1);
-        work.advance(ahead_at);
+        stage_pipe.consumer_wait(stage_state);  // Sᵀ of step 0
+        FragS tSrS;                             // (MMA, 1, 1) fp32
+        issue_s(stage_state.index(), tSrS);
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tSrS);
+        stats_ahead(tSrS, stage_state.index(), int64_t(at.block) * kBlockM, n0w, g);
       }
       trace.mark(SpTracePhase::kTileStart);
       // Nothing in flight at the top of a step: every product of a step is awaited in it.
@@ -424,11 +405,13 @@ struct SpMainloop {
         const int64_t head = at.head;
         const int64_t m0 = int64_t(at.block) * kBlockM;
         work.advance(at);
+        auto next_state = stage_state;
+        ++next_state;
 
         combine(g);
         trace.mark(SpTracePhase::kCombine);
         FragS16 tSrdS;  // (MMA, 1, 1): dSᵀ of this step, the dK product's A operand
-        dst_of(tSrdS, stage, m0, n0w);
+        dst_of(tSrdS, m0, n0w);
         trace.mark(SpTracePhase::kDs);
         // dS buffer g mod 2 was last read by the dQ product of step g − 2, awaited in that step by its
         // consumer, who arrived at the dS barrier of step g − 1 after it (the other consumer passed it).
@@ -439,12 +422,12 @@ struct SpMainloop {
           cutlass::arch::NamedBarrier::arrive(kDsBarrierThreads, Cfg::kDsBarrier + buf);
         }
         trace.mark(SpTracePhase::kStoreDs);
-        // Sᵀ of step t + 2 (where the tile has none, the step's own tiles, never read: straight-line wgmma keeps
-        // ptxas from serialising them), then dK += dSᵀ Q.
-        const bool ahead = t + Cfg::kStatsLead < work.steps;
-        if (ahead) stage_pipe.consumer_wait(state2);
-        FragS tSrS;  // (MMA, 1, 1) fp32: Sᵀ of step t + 2
-        issue_s(ahead ? state2.index() : stage, tSrS);
+        // Sᵀ of step t + 1 (the tile's last step's multiplies its own tiles and is never read: straight-line
+        // wgmma keeps ptxas from serialising them), then dK += dSᵀ Q.
+        const bool ahead = t + 1 < work.steps;
+        if (ahead) stage_pipe.consumer_wait(next_state);
+        FragS tSrS;  // (MMA, 1, 1) fp32: Sᵀ of step t + 1
+        issue_s(ahead ? next_state.index() : stage, tSrS);
         trace.mark(SpTracePhase::kIssueS);
         const Tensor tdKrdS = make_tensor(tSrdS.data(), acc_as_operand_a(tSrdS.layout()));  // ((2, 2, 2), 1, BM/16)
         warpgroup_arrive();
@@ -467,7 +450,7 @@ struct SpMainloop {
           warpgroup_commit_batch();
           trace.mark(SpTracePhase::kIssueDq);
           // Every product of the step: the dQ partial is stored now, so that its registers are free for the
-          // statistics ahead (Sᵀ(t + 2) and P_c of steps t + 1 and t + 2 live at once).
+          // statistics a step ahead (Sᵀ(t + 1), P_c(t + 1) and dP(t + 1) live at once).
           warpgroup_wait<0>();
           warpgroup_fence_operand(tdQrdQ);
           trace.mark(SpTracePhase::kWaitProducts);
@@ -478,17 +461,10 @@ struct SpMainloop {
           trace.mark(SpTracePhase::kWaitProducts);
         }
         warpgroup_fence_operand(tSrS);
-        CUTE_UNROLL
-        for (int i = 0; i < int(std::size(tSrPc)); ++i) tSrPc[i] = tSrPcNext[i];  // P_c of step t + 1
-        if (ahead) {
-          stats_ahead(tSrS, tSrPcNext, state2.index(), int64_t(ahead_at.block) * kBlockM, n0w, g + Cfg::kStatsLead);
-          work.advance(ahead_at);
-        }
+        if (ahead) stats_ahead(tSrS, next_state.index(), int64_t(at.block) * kBlockM, n0w, g + 1);
         trace.mark(SpTracePhase::kStats);
         stage_pipe.consumer_release(stage_state);  // this warpgroup's last reader of the stage is done
-        stage_state = state1;
-        state1 = state2;
-        ++state2;
+        stage_state = next_state;
       }
       // Then this consumer reads the tile's K buffer no more (k_empty counts every consumer thread).
       warpgroup_fence_operand(tdKrdK);

@@ -4,8 +4,7 @@
 // block comes from one step (stored, not added). It is the key-block pass's config (kb_config.h: the step's
 // tiles, products, stage pipeline, tile ring, producer) with its own shared storage and roles:
 //   warpgroup 0    producer: warp 0 (one thread) issues the TMA loads, as in the key-block pass; its tiles
-//                  dealt statically (CTA c takes c, c + grid, …: every tile has the same steps); warp 1
-//                  combines each step's partial statistics into the consumer warps' factors;
+//                  dealt statically (CTA c takes c, c + grid, …: every tile has the same steps);
 //   warpgroups 1-2 consumers, 64 keys each: the key-block step, with each row's LSE and D computed by the
 //                  consumers a step ahead instead of read from a statistics pass (sp_mainloop.cuh), and the
 //                  dQ partial of its turn stored from registers.
@@ -46,21 +45,8 @@ struct SpConfig : KbConfig<Element_, kHeadDim_, false, true> {
   static constexpr int kConsumerWarps = kConsumerThreads / 32;
   // The statistics' partials are double-buffered by step parity (written a step ahead, read in the step).
   static constexpr int kStatBuffers = 2;
-  // The statistics warp of the producer warpgroup (the key-block pass's rows warp): it combines each step's
-  // partials into every consumer warp's factors (sp_mainloop.cuh, SpStats).
-  static constexpr int kStatsWarp = Base::kRowsWarp;
-  // The tile ring's readers: every consumer thread and the statistics warp's lanes.
-  static constexpr int kTileReaders = kConsumerThreads + 32;
-  // The factors of a step (each warp's f and f · D of each row), by step parity: the statistics warp writes them,
-  // the consumers read them in the step's element-wise work and release the slot.
-  using FactorPipeline = cutlass::PipelineAsync<kStatBuffers>;
-  // Registers per thread by role (setmaxnreg): the statistics warp holds 8 warps' maxima of two rows and their
-  // weights (~32), more than the key-block pass's producer warpgroup (24) has; the consumers give 8.
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
-  static_assert(Base::kWarpgroupThreads * (kProducerRegs + Base::kConsumers * kConsumerRegs) <=
-                    Base::kThreads * Base::kLaunchRegs,
-                "the launch allocation holds the roles");
+  // The tile ring's readers: every consumer thread (no rows or dQ warp).
+  static constexpr int kTileReaders = kConsumerThreads;
   // P of the next step, kept in registers against each warp's own row maximum: fp16 (values in (0, 1], 11-bit
   // mantissa), whatever Element is.
   using PcElement = cutlass::half_t;
@@ -85,9 +71,8 @@ struct SpConfig : KbConfig<Element_, kHeadDim_, false, true> {
     alignas(16) cute::array<Element, 1> p;  // (saved-P's P: the producer's view of it, never loaded here)
     // Partials by step parity, statistic, consumer warp and row.
     alignas(16) float partials[kStatBuffers][kStats][kConsumerWarps][kBlockM];
-    // Each warp's (factor, factor · D) of each row, by step parity.
-    alignas(16) float2 factors[kStatBuffers][kConsumerWarps][kBlockM];
-    typename FactorPipeline::SharedStorage factor_pipe;
+    // Each warp's (factor, factor · D) of the step's rows, read back by its own lanes.
+    alignas(16) float2 factors[kConsumerWarps][kBlockM];
     typename StagePipeline::SharedStorage stage_pipe;
     typename TilePipeline::SharedStorage tile_pipe;
     int tile_index[kTileSlots];

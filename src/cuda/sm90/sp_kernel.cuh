@@ -1,8 +1,7 @@
 // The single pass's kernel (sp_config.h): the key-block pass's producer (one thread: the tiles and every TMA
-// load), a statistics warp (sp_stats.cuh) and two consumer warpgroups that compute the row statistics' partials
-// themselves (sp_mainloop.cuh), with setmaxnreg; the stage pipeline (CUTLASS PipelineTmaAsync), the tile ring
-// and the factor pipeline (PipelineAsync), K's barriers and the statistics barriers (one per step parity, every
-// consumer thread arriving). Persistent: one CTA per SM,
+// load) and two consumer warpgroups that compute the row statistics themselves (sp_mainloop.cuh), with
+// setmaxnreg; the stage pipeline (CUTLASS PipelineTmaAsync), the tile ring (PipelineAsync), K's barriers and
+// the statistics barriers (one per step parity, every consumer thread arriving). Persistent: one CTA per SM,
 // or one per tile where there are fewer, its tiles dealt statically.
 #pragma once
 
@@ -11,7 +10,6 @@
 #include "cuda/sm90/kb_producer.cuh"
 #include "cuda/sm90/sp_config.h"
 #include "cuda/sm90/sp_mainloop.cuh"
-#include "cuda/sm90/sp_stats.cuh"
 
 namespace qksoftmax::cuda::sm90 {
 
@@ -20,7 +18,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     sp_kernel(CUTE_GRID_CONSTANT const typename Cfg::Params params) {
   using StagePipeline = typename Cfg::StagePipeline;
   using TilePipeline = typename Cfg::TilePipeline;
-  using FactorPipeline = typename Cfg::FactorPipeline;
   extern __shared__ __align__(1024) char sp_smem[];  // the swizzled tiles need a 1024-byte-aligned base
   auto& st = *reinterpret_cast<typename Cfg::Storage*>(sp_smem);
 
@@ -37,21 +34,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   StagePipeline stage_pipe(st.stage_pipe, stage_params, Shape<_1, _1, _1>{});
 
   typename TilePipeline::Params tile_params;
-  const bool tile_reader = warpgroup > 0 || warp == Cfg::kStatsWarp;
-  tile_params.role = leader        ? TilePipeline::ThreadCategory::Producer
-                     : tile_reader ? TilePipeline::ThreadCategory::Consumer
-                                   : TilePipeline::ThreadCategory::NonParticipant;
+  tile_params.role = leader           ? TilePipeline::ThreadCategory::Producer
+                     : warpgroup > 0 ? TilePipeline::ThreadCategory::Consumer
+                                     : TilePipeline::ThreadCategory::NonParticipant;
   tile_params.producer_arv_count = 1;  // the load thread
   tile_params.consumer_arv_count = Cfg::kTileReaders;
   TilePipeline tile_pipe(st.tile_pipe, tile_params);  // (initialises the barriers; the roles build their own views)
-
-  typename FactorPipeline::Params factor_params;
-  factor_params.role = warpgroup == 0 ? (warp == Cfg::kStatsWarp ? FactorPipeline::ThreadCategory::Producer
-                                                                  : FactorPipeline::ThreadCategory::NonParticipant)
-                                      : FactorPipeline::ThreadCategory::Consumer;
-  factor_params.producer_arv_count = 32;  // every lane of the statistics warp
-  factor_params.consumer_arv_count = Cfg::kConsumerThreads;
-  FactorPipeline factor_pipe(st.factor_pipe, factor_params);
 
   if (leader) {
     for (int b = 0; b < Cfg::kKBuffers; ++b) {
@@ -67,14 +55,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
 
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
-    if (warp == Cfg::kLoadWarp && lane == 0) {
-      KbProducer<Cfg>{params, st}.run(stage_pipe);
-    } else if (warp == Cfg::kStatsWarp) {
-      SpStats<Cfg>{params, st}.run(factor_pipe, lane);
-    }
+    if (warp == Cfg::kLoadWarp && lane == 0) KbProducer<Cfg>{params, st}.run(stage_pipe);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
-    SpMainloop<Cfg>{params, st, warpgroup - 1}.run(stage_pipe, factor_pipe);
+    SpMainloop<Cfg>{params, st, warpgroup - 1}.run(stage_pipe);
   }
 }
 

@@ -2,9 +2,11 @@
 // statistics computed by the consumers themselves, a step ahead. Consumer w owns keys [n0 + 64w, n0 + 64w + 64)
 // of the tile's block; a warp of it holds 16 of those keys × the step's 64 rows of Sᵀ, a row's 16 keys in the 8
 // lanes of equal lane mod 4 (2 keys each). Per 64-row step t (g counting the CTA's steps over its tiles):
-//   the statistics of step t, whose partials every consumer warp wrote in step t − 1, combined by the statistics
-//   warp (sp_stats.cuh) into each warp's factor f = 2^(m_own − LSE·log2e) (times |scale| in bf16, as the
-//   key-block pass's rows fold it) and f · D of every row, awaited through the factor pipeline;
+//   the statistics of step t, whose partials every consumer warp wrote in step t − 1, combined: each lane takes
+//   two rows, reads the 8 warps' (m, l, u) of them, and forms LSE·log2e = M + log2 L, D = U / L
+//   (L = Σ l_c 2^(m_c − M), U the same of u) and its warp's factor f = 2^(m_own − LSE·log2e) (times |scale| in
+//   bf16, as the key-block pass's rows fold it), then f and f · D of every row for its lanes through its warp's
+//   row of shared memory;
 //   element-wise: dSᵀ = P_c ∘ (dPᵀ · f − f · D), where P_c = 2^(x − m_own) (x = S·scale·log2e) was kept from step
 //   t − 1 in fp16 and dPᵀ in registers; masked positions have P_c = 0 and take dS = 0 whatever dP holds;
 //   dS into the step's dS buffer, Sᵀ(t + 1) and dK += dSᵀ Q issued, on its turn the dQ product (both
@@ -105,8 +107,8 @@ struct SpMainloop {
   typename Cfg::Storage& st;
   int w;  // this consumer, 0 or 1
 
-  template <class StagePipeline, class FactorPipeline>
-  __device__ void run(StagePipeline& stage_pipe, FactorPipeline& factor_pipe) {
+  template <class StagePipeline>
+  __device__ void run(StagePipeline& stage_pipe) {
     constexpr int kDsBarrierThreads = Cfg::kConsumerThreads;
     const Problem& prob = params.prob;
     const int tid = threadIdx.x % Cfg::kWarpgroupThreads;
@@ -115,6 +117,8 @@ struct SpMainloop {
     typename Cfg::Trace trace(w == 0 ? KbTraceRole::kConsumer0 : KbTraceRole::kConsumer1, tid < 32);
     const KeyRange keys = prob.keys();
     const float scale_log2 = prob.scale * kLog2e;
+    // What f carries beyond 2^(m_own − LSE·log2e): |scale| where dS carries the scale (KbRows' fold).
+    const float fold = kScaleInDs<Element> ? fabsf(prob.scale) : 1.0f;
 
     Tensor sQ = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQ{});       // (BM, D, ST)
     Tensor sQt = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQt{});     // (D, BM, ST)
@@ -139,7 +143,7 @@ struct SpMainloop {
     constexpr int kKeys = size<0>(decltype(tScS_rc.layout()){});
     constexpr int kRows = size<1>(decltype(tScS_rc.layout()){});
     static_assert(kKeys == 2 && kRows == 16, "a lane holds 2 keys × 16 rows of Sᵀ (halve_rows)");
-    // The two rows this lane writes partials for (halve_rows: rows ci = 2 (lane / 4) + {0, 1}, adjacent).
+    // The two rows this lane combines (halve_rows: rows ci = 2 (lane / 4) + {0, 1}, adjacent).
     const int own_row = get<1>(tScS_rc(0, 2 * (lane / 4)));
 
     typename Cfg::CopyS2R s2r;
@@ -279,15 +283,48 @@ struct SpMainloop {
       cutlass::arch::ClusterBarrier::arrive(&st.stats_full[b]);  // (a release of those stores at CTA scope)
     };
 
+    // Step g's statistics combined (its partials awaited) into this warp's (f, f · D) of each row.
+    const auto combine = [&](int g) {
+      const int b = g % Cfg::kStatBuffers;
+      cutlass::arch::ClusterBarrier::wait(&st.stats_full[b], (g / Cfg::kStatBuffers) & 1);
+      // The maxima first, then l and u a warp at a time: no more than the 8 warps' maxima stay live beside the
+      // step's registers.
+      float2 m[kWarps];
+      CUTE_UNROLL
+      for (int j = 0; j < kWarps; ++j) m[j] = load_shared_f2(smem_addr(&st.partials[b][Cfg::kStatM][j][own_row]));
+      float2 ref = make_float2(-INFINITY, -INFINITY);
+      CUTE_UNROLL
+      for (int j = 0; j < kWarps; ++j) ref = make_float2(fmaxf(ref.x, m[j].x), fmaxf(ref.y, m[j].y));
+      ref = make_float2(ref.x == -INFINITY ? 0.0f : ref.x, ref.y == -INFINITY ? 0.0f : ref.y);  // no key: L = 0
+      float2 sum_l = make_float2(0.0f, 0.0f), sum_u = sum_l, own = sum_l;
+      CUTE_UNROLL
+      for (int j = 0; j < kWarps; ++j) {
+        const float2 l = load_shared_f2(smem_addr(&st.partials[b][Cfg::kStatL][j][own_row]));
+        const float2 u = load_shared_f2(smem_addr(&st.partials[b][Cfg::kStatU][j][own_row]));
+        const float2 c = make_float2(exp2_fast(m[j].x - ref.x), exp2_fast(m[j].y - ref.y));
+        sum_l = make_float2(fmaf(l.x, c.x, sum_l.x), fmaf(l.y, c.y, sum_l.y));
+        sum_u = make_float2(fmaf(u.x, c.x, sum_u.x), fmaf(u.y, c.y, sum_u.y));
+        own = j == wi ? c : own;
+      }
+      const float inv0 = sum_l.x > 0.0f ? 1.0f / sum_l.x : 0.0f, inv1 = sum_l.y > 0.0f ? 1.0f / sum_l.y : 0.0f;
+      const float f0 = own.x * inv0 * fold, f1 = own.y * inv1 * fold;
+      const float fh[4] = {f0, f0 * (sum_u.x * inv0), f1, f1 * (sum_u.y * inv1)};  // (f, f · D) of the two rows
+      const uint32_t at = smem_addr(&st.factors[wi][own_row]);
+      __syncwarp();  // every lane has read the previous step's factors
+      store_shared_f2(at, fh[0], fh[1]);
+      store_shared_f2(at + uint32_t(sizeof(float2)), fh[2], fh[3]);
+      __syncwarp();
+    };
+
     // dSᵀ of step g, its statistics combined: P_c · (dP · f − f · D), 0 where P_c is (masked).
-    const auto dst_of = [&](FragS16& tSrdS, int slot, int64_t m0, int64_t n0w) {
+    const auto dst_of = [&](FragS16& tSrdS, int64_t m0, int64_t n0w) {
       if (keys.cuts(m0, kBlockM, n0w, kHalf) && keys.sees_none(m0, kBlockM, n0w)) {
         fill(tSrdS, Element(0.0f));
         return;
       }
       Tensor tSrdP_rc = make_tensor(tSrdP.data(), rowcol(tSrdP.layout()));  // (keys, rows)
       Tensor tSrdS_rc = make_tensor(tSrdS.data(), rowcol(tSrdS.layout()));  // (keys, rows)
-      const uint32_t factors = smem_addr(&st.factors[slot][wi][0]);
+      const uint32_t factors = smem_addr(&st.factors[wi][0]);
       const auto elementwise = [&](auto is_cut) {
         CUTE_UNROLL
         for (int ci = 0; ci < kRows; ci += 2) {
@@ -340,7 +377,6 @@ struct SpMainloop {
     };
 
     auto stage_state = cutlass::PipelineState<Cfg::kStages>{};
-    auto factor_state = typename FactorPipeline::PipelineState{};
     int g = 0;        // the CTA's steps so far: g mod 2 picks the dS buffer and the dQ product's consumer
     int k_loads = 0;  // tiles with steps so far
     KbTileReader<Cfg> tiles(params, st);
@@ -372,12 +408,10 @@ struct SpMainloop {
         auto next_state = stage_state;
         ++next_state;
 
-        factor_pipe.consumer_wait(factor_state);  // the statistics warp's combine of this step
+        combine(g);
         trace.mark(SpTracePhase::kCombine);
         FragS16 tSrdS;  // (MMA, 1, 1): dSᵀ of this step, the dK product's A operand
-        dst_of(tSrdS, factor_state.index(), m0, n0w);
-        factor_pipe.consumer_release(factor_state);
-        ++factor_state;
+        dst_of(tSrdS, m0, n0w);
         trace.mark(SpTracePhase::kDs);
         // dS buffer g mod 2 was last read by the dQ product of step g − 2, awaited in that step by its
         // consumer, who arrived at the dS barrier of step g − 1 after it (the other consumer passed it).

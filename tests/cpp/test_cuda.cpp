@@ -301,7 +301,7 @@ INSTANTIATE_TEST_SUITE_P(Modes, GpuSinglePassRepeat, ::testing::ValuesIn(kAllVar
 
 // The single pass on the key-block machinery (recompute rows of up to 128 keys, src/cuda/sm90/sp_config.h): more
 // tiles than SMs (each CTA walks several, alternating its K buffers), one step a tile, grouped query heads,
-// more rows than keys and fewer, a scale that dS must not fold wrongly (negative, above 1). The sweeps above
+// more rows than keys and fewer, a scale that dS must not fold wrongly (negative, above 1), dQ with padded rows. The sweeps above
 // reach it at their small sizes too; these are its own edges.
 std::vector<Case> keyblock_single_pass_cases() {
   std::vector<Case> cases;
@@ -316,6 +316,11 @@ std::vector<Case> keyblock_single_pass_cases() {
     for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
       cases.push_back({.B = 1, .Hq = 2, .Hk = 1, .Sq = 128, .Sk = 128, .D = 128, .dtype = dtype, .scale = scale});
     }
+  }
+  // dQ with padded rows: stored by TMA where its rows stay 16-byte aligned; out of TMA's reach (odd padding) the
+  // cluster single pass takes the call.
+  for (Layout out : {Layout::kPaddedRows, Layout::kOddPaddedRows}) {
+    cases.push_back({.B = 2, .Hq = 4, .Hk = 2, .Sq = 104, .Sk = 104, .D = 128, .out_layout = out});
   }
   std::vector<Case> out;
   for (const Case& c : cases) {

@@ -208,8 +208,13 @@ Result run_case(const MicroRun& micro, const KbStepShape& s, const KbBuffers& b,
 // stride one row, as kb_step.h's Q and dP): the dQ stores of different CTAs land on the same rows, which only
 // a timing may do. dP ~ N(0, 1), so that dS is not zero.
 constexpr int64_t kSpKeys = 128;
-using Sp = qksoftmax::cuda::sm90::SpConfig<Element, int(kKbHeadDim)>;
-struct TracedSp : Sp {
+// The pass as dispatched (K_w resident, every product awaited in its step), and the variant with K_w from
+// shared memory and the dQ product in flight into the next step (sp_config.h, kKResident).
+template <bool kKResident>
+using SpOf = qksoftmax::cuda::sm90::SpConfig<Element, int(kKbHeadDim), kKResident>;
+using Sp = SpOf<true>;
+template <bool kKResident>
+struct TracedSp : SpOf<kKResident> {
   using Trace = PhaseTrace;
 };
 using qksoftmax::cuda::sm90::SpTracePhase;
@@ -219,6 +224,7 @@ constexpr const char* kSpConsumerPhases[] = {"combine",   "dS",        "dS store
 static_assert(int(std::size(kSpConsumerPhases)) == int(SpTracePhase::kCount), "a name per phase");
 static_assert(Sp::kMaxSk == kSpKeys && Sp::kBlockM == kKbBlockM, "the single pass's step is the key-block step");
 
+template <bool kKResident>
 Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool trace, KbStepResult* out) {
   cudaStream_t stream = micro.stream.get();
   int device = 0;
@@ -253,11 +259,11 @@ Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool trace, KbSt
 
   double us = 0;
   QKB_TRY(median_call_us(stream, {kWarmup, kRuns, 1}, [&](int) {
-    return library_result(qksoftmax::cuda::run_sm90_single_pass<Sp>(prob, stream), "single pass");
+    return library_result(qksoftmax::cuda::run_sm90_single_pass<SpOf<kKResident>>(prob, stream), "single pass");
   }, &us));
   const double total_steps = double(s.ctas) * double(s.steps_per_cta);
   const double active_sms = double(std::min<int64_t>(s.ctas, micro.info.sms));
-  out->mode = "single_pass";
+  out->mode = kKResident ? "single_pass" : "single_pass_ss";
   out->dq = "bf16";
   out->products = kProductsRecompute;
   out->bytes = int64_t(q.bytes() + dq.bytes() + dp.bytes() + k.bytes() + dk.bytes());
@@ -266,9 +272,10 @@ Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool trace, KbSt
   const double flops = double(out->products) * kFlopsPerMac * kKbBlockM * kSpKeys * kKbHeadDim * total_steps;
   out->tensor_share = flops / (us * kMicro) / (micro.ceilings.bf16_TFLOPs * kTera);
   if (trace) {
-    std::printf("kb single_pass: %.3f us per step\n", out->step_us);
+    std::printf("kb %s: %.3f us per step\n", out->mode.c_str(), out->step_us);
     QKB_TRY(clear_trace(stream));
-    QKB_TRY(library_result(qksoftmax::cuda::run_sm90_single_pass<TracedSp>(prob, stream), "traced single pass"));
+    QKB_TRY(library_result(qksoftmax::cuda::run_sm90_single_pass<TracedSp<kKResident>>(prob, stream),
+                           "traced single pass"));
     PhaseCycles c;
     QKB_TRY(read_trace(stream, &c));
     print_consumer_trace(c, int(KbTraceRole::kConsumer0), int(KbTraceRole::kConsumer1), kSpConsumerPhases,
@@ -302,12 +309,14 @@ Result run_kb_steps(const MicroRun& micro, bool trace, KbStepShape* shape, std::
       results->push_back(r);
     }
   }
-  KbStepResult r;
-  QKB_TRY(run_sp_case(micro, s, trace, &r));
-  std::printf("kb %-10s %-4s %9.1f %12.3f %8d %6.1f%% %8.1f   (rows of %lld keys, statistics a step ahead)\n",
-              r.mode.c_str(), r.dq.c_str(), r.us, r.step_us, r.products, 100.0 * r.tensor_share,
-              double(r.bytes) / kBytesPerMiB, (long long)kSpKeys);
-  results->push_back(r);
+  for (bool resident : {true, false}) {
+    KbStepResult r;
+    QKB_TRY(resident ? run_sp_case<true>(micro, s, trace, &r) : run_sp_case<false>(micro, s, trace, &r));
+    std::printf("kb %-10s %-4s %9.1f %12.3f %8d %6.1f%% %8.1f   (rows of %lld keys, statistics a step ahead)\n",
+                r.mode.c_str(), r.dq.c_str(), r.us, r.step_us, r.products, 100.0 * r.tensor_share,
+                double(r.bytes) / kBytesPerMiB, (long long)kSpKeys);
+    results->push_back(r);
+  }
   return {};
 }
 

@@ -18,7 +18,11 @@
 
 namespace qksoftmax::cuda::sm90 {
 
-template <class Element_, int kHeadDim_>
+// kKResident: Sᵀ = K_w Qᵀ with K_w in registers (RS, as the key-block pass), every product of a step awaited in
+// it; otherwise K_w from shared memory (SS), whose 32 registers let the dQ product stay in flight under the next
+// step's statistics and be staged at the next step's start (docs/DESIGN.md, the single pass's way down, 1; the
+// step benchmark's single_pass_ss case).
+template <class Element_, int kHeadDim_, bool kKResident_>
 struct SpConfig : KbConfig<Element_, kHeadDim_, false, true> {
   using Base = KbConfig<Element_, kHeadDim_, false, true>;
   using Element = Element_;
@@ -40,6 +44,11 @@ struct SpConfig : KbConfig<Element_, kHeadDim_, false, true> {
 
   static_assert(kBlockM == kSpBlockM, "dispatch.cu counts the single pass's steps by sm90_instances.h's kSpBlockM");
   static constexpr bool kStaticTiles = true;  // KbTileWriter::claim: CTA c's tiles are c, c + grid, …
+  static constexpr bool kKResident = kKResident_;
+  using typename Base::HF;
+  // Sᵀ = K_w Qᵀ with both operands from shared memory (K-major), where K_w is not resident.
+  using MmaStShared = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<HF, BM, HD>, GMMA::Major::K, GMMA::Major::K>()));
   static constexpr int kMaxSk = kBlockN;      // the keys one CTA holds
   // Consumer warps; each reduces its own 16 keys of a row and writes one partial per row.
   static constexpr int kConsumerWarps = kConsumerThreads / 32;

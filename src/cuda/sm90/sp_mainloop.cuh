@@ -161,14 +161,25 @@ struct SpMainloop {
     const Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);   // (MMA, 1, BN/16, DB) descriptors
     const Tensor tdQrK = thr_dq.partition_fragment_B(sKt);    // (MMA, 1, BN/16, KB) descriptors
 
-    const auto issue_s = [&](int stage, FragS& acc) {
+    // K_w as Sᵀ's A operand from shared memory (kKResident false): (MMA, 1, D/16, KB) descriptors.
+    typename Cfg::MmaStShared mma_s_shared;
+    const Tensor tSsK = mma_s_shared.get_thread_slice(tid).partition_fragment_A(
+        local_tile(sK, Shape<HF, HD, typename Cfg::KB>{}, make_coord(w, 0, 0)));
+    // Sᵀ of the step in stage `stage` into acc (K_w of K buffer kbuf where it is not resident), one wgmma batch.
+    const auto issue_s = [&](int stage, int kbuf, FragS& acc) {
       warpgroup_fence_operand(acc);
       warpgroup_arrive();
       mma_s.accumulate_ = GMMA::ScaleOut::Zero;
+      mma_s_shared.accumulate_ = GMMA::ScaleOut::Zero;
       CUTE_UNROLL
-      for (int kb = 0; kb < size<2>(tSrK); ++kb) {
-        gemm(mma_s, tSrK(_, _, kb), tSrQ(_, _, kb, stage), acc);
-        mma_s.accumulate_ = GMMA::ScaleOut::One;
+      for (int kb = 0; kb < size<2>(tSrQ); ++kb) {
+        if constexpr (Cfg::kKResident) {
+          gemm(mma_s, tSrK(_, _, kb), tSrQ(_, _, kb, stage), acc);
+          mma_s.accumulate_ = GMMA::ScaleOut::One;
+        } else {
+          gemm(mma_s_shared, tSsK(_, _, kb, kbuf), tSrQ(_, _, kb, stage), acc);
+          mma_s_shared.accumulate_ = GMMA::ScaleOut::One;
+        }
       }
       warpgroup_commit_batch();
     };
@@ -376,6 +387,23 @@ struct SpMainloop {
       }
     };
 
+    // The dQ partial = dS K over both consumers' dS in dS buffer `buf` and K buffer kbuf, one wgmma batch.
+    const auto issue_dq = [&](int buf, int kbuf, FragdQ& acc) {
+      warpgroup_arrive();
+      mma_dq.accumulate_ = GMMA::ScaleOut::Zero;
+      CUTE_UNROLL
+      for (int kb = 0; kb < size<2>(tdQrK); ++kb) {
+        gemm(mma_dq, tdQrdS(_, _, kb, buf), tdQrK(_, _, kb, kbuf), acc);
+        mma_dq.accumulate_ = GMMA::ScaleOut::One;
+      }
+      warpgroup_commit_batch();
+    };
+    // Where K_w is not resident, the dQ product of a turn stays in flight under the statistics and is staged at
+    // the next step's start (its accumulator live across steps).
+    constexpr bool kDqInFlight = !Cfg::kKResident;
+    FragdQ tdQrdQ_flight;  // (MMA, 1, 1) fp32
+    int64_t dq_head = 0, dq_m0 = 0;
+    int dq_buf = 0;
     auto stage_state = cutlass::PipelineState<Cfg::kStages>{};
     int g = 0;        // the CTA's steps so far: g mod 2 picks the dS buffer and the dQ product's consumer
     int k_loads = 0;  // tiles with steps so far
@@ -389,16 +417,19 @@ struct SpMainloop {
       if (work.steps > 0) {
         ++k_loads;
         Cfg::TxBarrier::wait(&st.k_full[k_use.buffer], k_use.phase);
-        copy(s2r_k, thr_s2r_k.partition_S(sKw_of(k_use.buffer)), thr_s2r_k.retile_D(tSrK));  // resident
+        if constexpr (Cfg::kKResident) {
+          copy(s2r_k, thr_s2r_k.partition_S(sKw_of(k_use.buffer)), thr_s2r_k.retile_D(tSrK));  // resident
+        }
         stage_pipe.consumer_wait(stage_state);  // Sᵀ of step 0
         FragS tSrS;                             // (MMA, 1, 1) fp32
-        issue_s(stage_state.index(), tSrS);
+        issue_s(stage_state.index(), k_use.buffer, tSrS);
         warpgroup_wait<0>();
         warpgroup_fence_operand(tSrS);
         stats_ahead(tSrS, stage_state.index(), int64_t(at.block) * kBlockM, n0w, g);
       }
       trace.mark(SpTracePhase::kTileStart);
-      // Nothing in flight at the top of a step: every product of a step is awaited in it.
+      // Nothing in flight at the top of a step (every product of a step awaited in it), but for the dQ product of
+      // the previous step where it was this consumer's and stays in flight (kDqInFlight).
       for (int t = 0; t < work.steps; ++t, ++g) {
         const int stage = stage_state.index(), buf = g % kBuffers;
         const bool turn = buf == w;  // the dQ product of step g
@@ -407,6 +438,13 @@ struct SpMainloop {
         work.advance(at);
         auto next_state = stage_state;
         ++next_state;
+        if constexpr (kDqInFlight) {
+          if (t > 0 && !turn) {  // step g − 1 was this consumer's turn
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(tdQrdQ_flight);
+            store_dq(tdQrdQ_flight, dq_buf, work.b, dq_head, dq_m0);
+          }
+        }
 
         combine(g);
         trace.mark(SpTracePhase::kCombine);
@@ -427,7 +465,7 @@ struct SpMainloop {
         const bool ahead = t + 1 < work.steps;
         if (ahead) stage_pipe.consumer_wait(next_state);
         FragS tSrS;  // (MMA, 1, 1) fp32: Sᵀ of step t + 1
-        issue_s(ahead ? next_state.index() : stage, tSrS);
+        issue_s(ahead ? next_state.index() : stage, k_use.buffer, tSrS);
         trace.mark(SpTracePhase::kIssueS);
         const Tensor tdKrdS = make_tensor(tSrdS.data(), acc_as_operand_a(tSrdS.layout()));  // ((2, 2, 2), 1, BM/16)
         warpgroup_arrive();
@@ -439,23 +477,26 @@ struct SpMainloop {
           cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
           cutlass::arch::NamedBarrier::sync(kDsBarrierThreads, Cfg::kDsBarrier + buf);
           trace.mark(SpTracePhase::kDsBarrier);
-          FragdQ tdQrdQ;  // (MMA, 1, 1) fp32
-          warpgroup_arrive();
-          mma_dq.accumulate_ = GMMA::ScaleOut::Zero;
-          CUTE_UNROLL
-          for (int kb = 0; kb < size<2>(tdQrK); ++kb) {
-            gemm(mma_dq, tdQrdS(_, _, kb, buf), tdQrK(_, _, kb, k_use.buffer), tdQrdQ);
-            mma_dq.accumulate_ = GMMA::ScaleOut::One;
+          if constexpr (kDqInFlight) {
+            issue_dq(buf, k_use.buffer, tdQrdQ_flight);
+            trace.mark(SpTracePhase::kIssueDq);
+            dq_head = head;
+            dq_m0 = m0;
+            dq_buf = buf;
+            warpgroup_wait<1>();  // Sᵀ of step t + 1 and dK; dQ in flight into step t + 1
+            trace.mark(SpTracePhase::kWaitProducts);
+          } else {
+            FragdQ tdQrdQ;  // (MMA, 1, 1) fp32
+            issue_dq(buf, k_use.buffer, tdQrdQ);
+            trace.mark(SpTracePhase::kIssueDq);
+            // Every product of the step: the dQ partial is stored now, so that its registers are free for the
+            // statistics a step ahead (Sᵀ(t + 1), P_c(t + 1) and dP(t + 1) live at once).
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(tdQrdQ);
+            trace.mark(SpTracePhase::kWaitProducts);
+            store_dq(tdQrdQ, buf, work.b, head, m0);
+            trace.mark(SpTracePhase::kStoreDq);
           }
-          warpgroup_commit_batch();
-          trace.mark(SpTracePhase::kIssueDq);
-          // Every product of the step: the dQ partial is stored now, so that its registers are free for the
-          // statistics a step ahead (Sᵀ(t + 1), P_c(t + 1) and dP(t + 1) live at once).
-          warpgroup_wait<0>();
-          warpgroup_fence_operand(tdQrdQ);
-          trace.mark(SpTracePhase::kWaitProducts);
-          store_dq(tdQrdQ, buf, work.b, head, m0);
-          trace.mark(SpTracePhase::kStoreDq);
         } else {
           warpgroup_wait<0>();
           trace.mark(SpTracePhase::kWaitProducts);
@@ -466,8 +507,14 @@ struct SpMainloop {
         stage_pipe.consumer_release(stage_state);  // this warpgroup's last reader of the stage is done
         stage_state = next_state;
       }
-      // Then this consumer reads the tile's K buffer no more (k_empty counts every consumer thread).
+      // Then this consumer reads the tile's K buffer no more (k_empty counts every consumer thread), its last dQ
+      // product (kDqInFlight) awaited and staged.
+      warpgroup_wait<0>();
       warpgroup_fence_operand(tdKrdK);
+      if constexpr (kDqInFlight) {
+        warpgroup_fence_operand(tdQrdQ_flight);
+        if (work.steps > 0 && (g - 1) % kBuffers == w) store_dq(tdQrdQ_flight, dq_buf, work.b, dq_head, dq_m0);
+      }
       if (work.steps > 0) cutlass::arch::ClusterBarrier::arrive(&st.k_empty[k_use.buffer]);
       kb_store_dk<Cfg>(params, w, tdKrdK, thr_dk.partition_C(make_identity_tensor(Shape<HF, HD>{})), work);
       trace.mark(SpTracePhase::kTileEnd);

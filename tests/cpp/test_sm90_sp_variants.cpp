@@ -1,0 +1,79 @@
+// The single pass on the key-block machinery in both its forms (src/cuda/sm90/sp_config.h, kKResident): K_w in
+// registers with every product awaited in its step (as dispatched), and K_w from shared memory with the dQ
+// product in flight into the next step. The two run the same products in the same order, so their dQ and dK are
+// bitwise equal; the dispatched form is checked against the CPU backend by test_cuda.cpp. The kernels are called
+// through their internal entry point (sp_variants.cu), with the Problem built here from the test's tensors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "cuda_util.h"
+#include "sp_variants.h"
+#include "test_util.h"
+
+namespace qksoftmax::test {
+namespace {
+
+Operand operand(const TensorDesc& t) { return {t.data, t.stride[0], t.stride[1], t.stride[2], t.stride[3]}; }
+
+// The Problem of a recompute backward of case c on the given device tensors.
+Problem sp_problem(const Case& c, const TensorDesc& q, const TensorDesc& k, const TensorDesc& dp,
+                   const TensorDesc& dq, const TensorDesc& dk) {
+  Problem prob;
+  prob.pass = Pass::kBackward;
+  prob.B = c.B, prob.Hq = c.Hq, prob.Hk = c.Hk, prob.Sq = c.Sq, prob.Sk = c.Sk, prob.D = c.D;
+  prob.dtype = c.dtype;
+  prob.device = Device::kCUDA;
+  int device = 0;
+  EXPECT_EQ(cudaGetDevice(&device), cudaSuccess);
+  prob.device_index = device;
+  prob.mask = c.mask;
+  prob.mode = BackwardMode::kRecompute;
+  prob.scale = float(c.scale.value_or(1.0 / std::sqrt(double(c.D))));
+  prob.scale_f64 = c.scale.value_or(1.0 / std::sqrt(double(c.D)));
+  prob.q = operand(q), prob.k = operand(k), prob.dp = operand(dp), prob.dq = operand(dq), prob.dk = operand(dk);
+  return prob;
+}
+
+class GpuSpVariants : public GpuTest, public ::testing::WithParamInterface<Case> {};
+
+TEST_P(GpuSpVariants, BitwiseEqual) {
+  const Case& c = GetParam();
+  const Inputs in = make_inputs(c, test_seed());
+  Outputs resident(c, c.dtype, c.output_layout()), shared(c, c.dtype, c.output_layout());
+  const Stream stream;
+  DeviceTensor q(in.q), k(in.k), dp(in.dp);
+  DeviceTensor dq_a(resident.dq), dk_a(resident.dk), dq_b(shared.dq), dk_b(shared.dk);
+  for (DeviceTensor* t : {&dq_a, &dk_a, &dq_b, &dk_b}) t->poison();
+  const Status a = run_sp_variant(sp_problem(c, q.desc(), k.desc(), dp.desc(), dq_a.desc(), dk_a.desc()), true,
+                                  stream.get());
+  ASSERT_TRUE(a.ok()) << a.message();
+  const Status b = run_sp_variant(sp_problem(c, q.desc(), k.desc(), dp.desc(), dq_b.desc(), dk_b.desc()), false,
+                                  stream.get());
+  ASSERT_TRUE(b.ok()) << b.message();
+  ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+  for (auto [from, to] : {std::pair{&dq_a, &resident.dq}, {&dk_a, &resident.dk}, {&dq_b, &shared.dq},
+                          {&dk_b, &shared.dk}}) {
+    const Status s = from->download(*to);
+    ASSERT_TRUE(s.ok()) << s.message();
+  }
+  EXPECT_TRUE(bitwise_equal(resident.dq, shared.dq)) << "dq";
+  EXPECT_TRUE(bitwise_equal(resident.dk, shared.dk)) << "dk";
+}
+
+// Tiles of 1, 2 and 16 steps, more tiles than SMs, grouped query heads, cut blocks (causal, keys past Sk, rows
+// past Sq).
+std::vector<Case> variant_cases() {
+  const int64_t wide = small_shapes() ? 40 : 150;
+  return {{.B = 2, .Hq = wide, .Hk = wide, .Sq = 128, .Sk = 128, .D = 128},
+          {.B = 2, .Hq = wide, .Hk = wide, .Sq = 64, .Sk = 64, .D = 128, .mask = Mask::kNone},
+          {.B = 2, .Hq = 8, .Hk = 1, .Sq = 128, .Sk = 128, .D = 128},
+          {.B = 1, .Hq = 2, .Hk = 1, .Sq = 1000, .Sk = 120, .D = 128},
+          {.B = 1, .Hq = 2, .Hk = 2, .Sq = 40, .Sk = 96, .D = 128, .mask = Mask::kNone}};
+}
+
+INSTANTIATE_TEST_SUITE_P(Edges, GpuSpVariants, ::testing::ValuesIn(variant_cases()), param_name);
+
+}  // namespace
+}  // namespace qksoftmax::test

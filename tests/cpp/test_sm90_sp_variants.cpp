@@ -1,11 +1,12 @@
 // The single pass on the key-block machinery in both its forms (src/cuda/sm90/sp_config.h, kKResident): K_w in
 // registers with every product awaited in its step (as dispatched), and K_w from shared memory with the dQ
-// product in flight into the next step. The two run the same products in the same order, so their dQ and dK are
-// bitwise equal; the dispatched form is checked against the CPU backend by test_cuda.cpp. The kernels are called
+// product in flight into the next step: each against the CPU backend, and against each other bit for bit (the
+// same products in the same order). The kernels are called
 // through their internal entry point (sp_variants.cu), with the Problem built here from the test's tensors.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "cuda_util.h"
@@ -57,6 +58,16 @@ TEST_P(GpuSpVariants, BitwiseEqual) {
                           {&dk_b, &shared.dk}}) {
     const Status s = from->download(*to);
     ASSERT_TRUE(s.ok()) << s.message();
+  }
+  // Each against the CPU backend on fp32 copies (test_cuda.cpp's reference), then against each other.
+  Outputs ref(c, DType::kFloat32, Layout::kContiguous);
+  const Status s = cpu_run(c, in.converted(DType::kFloat32), ref);
+  ASSERT_TRUE(s.ok()) << "CPU reference: " << s.message();
+  const double tolerance = accuracy::bound(c.dtype);
+  for (const Outputs* out : {&resident, &shared}) {
+    SCOPED_TRACE(out == &resident ? "K_w resident" : "K_w from shared memory");
+    expect_gradient_close(c, "dq", out->dq, ref.dq.values(), tolerance);
+    expect_gradient_close(c, "dk", out->dk, ref.dk.values(), tolerance);
   }
   EXPECT_TRUE(bitwise_equal(resident.dq, shared.dq)) << "dq";
   EXPECT_TRUE(bitwise_equal(resident.dk, shared.dk)) << "dk";

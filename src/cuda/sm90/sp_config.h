@@ -11,8 +11,6 @@
 // No statistics pass, no workspace, no atomics: the sums run in a fixed order (deterministic by construction).
 #pragma once
 
-#include <cutlass/half.h>
-
 #include "cuda/sm90/kb_config.h"
 #include "cuda/sm90_instances.h"
 
@@ -56,9 +54,6 @@ struct SpConfig : KbConfig<Element_, kHeadDim_, false, true> {
   static constexpr int kStatBuffers = 2;
   // The tile ring's readers: every consumer thread (no rows or dQ warp).
   static constexpr int kTileReaders = kConsumerThreads;
-  // P of the next step, kept in registers against each warp's own row maximum: fp16 (values in (0, 1], 11-bit
-  // mantissa), whatever Element is.
-  using PcElement = cutlass::half_t;
 
   // K of two tiles (a tile is short: 2 steps per query head at Sq = 128), so that the next tile's K loads while
   // this one runs.
@@ -111,7 +106,6 @@ struct SpConfig : KbConfig<Element_, kHeadDim_, false, true> {
     Loads tma;
     TmaStoredQ tma_dq;
     TileOrder order;
-    int* tile_counter;  // (unused: the tiles are dealt statically)
   };
 };
 

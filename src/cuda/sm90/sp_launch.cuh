@@ -41,7 +41,7 @@ Status run_sm90_single_pass(const Problem& prob, CUstream_st* stream) {
       cute::make_stride(prob.dq.sr, cute::_1{}, prob.dq.sh, prob.dq.sb));
   const typename SpCfg::Params params{prob, kb_loads<SpCfg>(prob),
                                       make_tma_copy(cute::SM90_TMA_STORE{}, dq, typename SpCfg::SmemLayoutdQ{}),
-                                      SpCfg::TileOrder::of(prob, head_bytes), nullptr};
+                                      SpCfg::TileOrder::of(prob, head_bytes)};
   const int64_t grid = std::min<int64_t>(tiles, int64_t(device->sm_count) * SpCfg::kCtasPerSm);
   return launch<SpCfg>(sm90::sp_kernel<SpCfg>, kName, grid, params, stream);
 }

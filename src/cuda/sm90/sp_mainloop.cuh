@@ -95,7 +95,6 @@ __device__ inline void spread_rows(float (&v)[16], int lane) {
 template <class Cfg>
 struct SpMainloop {
   using Element = typename Cfg::Element;
-  using PcElement = typename Cfg::PcElement;
   using BM = typename Cfg::BM;
   using BN = typename Cfg::BN;
   using HD = typename Cfg::HD;
@@ -169,8 +168,11 @@ struct SpMainloop {
     const auto issue_s = [&](int stage, int kbuf, FragS& acc) {
       warpgroup_fence_operand(acc);
       warpgroup_arrive();
-      mma_s.accumulate_ = GMMA::ScaleOut::Zero;
-      mma_s_shared.accumulate_ = GMMA::ScaleOut::Zero;
+      if constexpr (Cfg::kKResident) {
+        mma_s.accumulate_ = GMMA::ScaleOut::Zero;
+      } else {
+        mma_s_shared.accumulate_ = GMMA::ScaleOut::Zero;
+      }
       CUTE_UNROLL
       for (int kb = 0; kb < size<2>(tSrQ); ++kb) {
         if constexpr (Cfg::kKResident) {
@@ -509,9 +511,9 @@ struct SpMainloop {
       }
       // Then this consumer reads the tile's K buffer no more (k_empty counts every consumer thread), its last dQ
       // product (kDqInFlight) awaited and staged.
-      warpgroup_wait<0>();
       warpgroup_fence_operand(tdKrdK);
       if constexpr (kDqInFlight) {
+        warpgroup_wait<0>();
         warpgroup_fence_operand(tdQrdQ_flight);
         if (work.steps > 0 && (g - 1) % kBuffers == w) store_dq(tdQrdQ_flight, dq_buf, work.b, dq_head, dq_m0);
       }

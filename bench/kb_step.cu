@@ -208,23 +208,28 @@ Result run_case(const MicroRun& micro, const KbStepShape& s, const KbBuffers& b,
 // stride one row, as kb_step.h's Q and dP): the dQ stores of different CTAs land on the same rows, which only
 // a timing may do. dP ~ N(0, 1), so that dS is not zero.
 constexpr int64_t kSpKeys = 128;
-// The pass as dispatched (K_w resident, every product awaited in its step), and the variant with K_w from
-// shared memory and the dQ product in flight into the next step (sp_config.h, kKResident).
-template <bool kKResident>
-using SpOf = qksoftmax::cuda::sm90::SpConfig<Element, int(kKbHeadDim), kKResident>;
-using Sp = SpOf<true>;
-template <bool kKResident>
-struct TracedSp : SpOf<kKResident> {
+// The pass's step forms (sp_config.h, SpStep): K_w resident with every product awaited in its step; K_w from
+// shared memory with the dQ product in flight into the next step; and that with Sᵀ(t + 1) issued at the step's
+// top and dK from shared memory.
+using qksoftmax::cuda::sm90::SpStep;
+template <SpStep kStep>
+using SpOf = qksoftmax::cuda::sm90::SpConfig<Element, int(kKbHeadDim), kStep>;
+using Sp = SpOf<SpStep::kShared>;
+template <SpStep kStep>
+struct TracedSp : SpOf<kStep> {
   using Trace = PhaseTrace;
 };
+constexpr const char* sp_case_name(SpStep step) {
+  return step == SpStep::kResident ? "single_pass_rs" : step == SpStep::kShared ? "single_pass_ss" : "single_pass_early";
+}
 using qksoftmax::cuda::sm90::SpTracePhase;
-constexpr const char* kSpConsumerPhases[] = {"combine",   "dS",        "dS store",  "issue S",
-                                             "issue dK",  "dS barrier", "issue dQ", "wait all",
-                                             "store dQ",  "statistics", "tile start", "tile end"};
+constexpr const char* kSpConsumerPhases[] = {"stats wait", "combine",   "dS",         "dS store",  "issue S",
+                                             "issue dK",   "dS barrier", "issue dQ",  "wait all",  "store dQ",
+                                             "statistics", "wait dK",    "tile start", "tile end"};
 static_assert(int(std::size(kSpConsumerPhases)) == int(SpTracePhase::kCount), "a name per phase");
 static_assert(Sp::kMaxSk == kSpKeys && Sp::kBlockM == kKbBlockM, "the single pass's step is the key-block step");
 
-template <bool kKResident>
+template <SpStep kStep>
 Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool trace, KbStepResult* out) {
   cudaStream_t stream = micro.stream.get();
   int device = 0;
@@ -259,11 +264,11 @@ Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool trace, KbSt
 
   double us = 0;
   QKB_TRY(median_call_us(stream, {kWarmup, kRuns, 1}, [&](int) {
-    return library_result(qksoftmax::cuda::run_sm90_single_pass<SpOf<kKResident>>(prob, stream), "single pass");
+    return library_result(qksoftmax::cuda::run_sm90_single_pass<SpOf<kStep>>(prob, stream), "single pass");
   }, &us));
   const double total_steps = double(s.ctas) * double(s.steps_per_cta);
   const double active_sms = double(std::min<int64_t>(s.ctas, micro.info.sms));
-  out->mode = kKResident ? "single_pass" : "single_pass_ss";
+  out->mode = sp_case_name(kStep);
   out->dq = "bf16";
   out->products = kProductsRecompute;
   out->bytes = int64_t(q.bytes() + dq.bytes() + dp.bytes() + k.bytes() + dk.bytes());
@@ -274,7 +279,7 @@ Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool trace, KbSt
   if (trace) {
     std::printf("kb %s: %.3f us per step\n", out->mode.c_str(), out->step_us);
     QKB_TRY(clear_trace(stream));
-    QKB_TRY(library_result(qksoftmax::cuda::run_sm90_single_pass<TracedSp<kKResident>>(prob, stream),
+    QKB_TRY(library_result(qksoftmax::cuda::run_sm90_single_pass<TracedSp<kStep>>(prob, stream),
                            "traced single pass"));
     PhaseCycles c;
     QKB_TRY(read_trace(stream, &c));
@@ -309,9 +314,11 @@ Result run_kb_steps(const MicroRun& micro, bool trace, KbStepShape* shape, std::
       results->push_back(r);
     }
   }
-  for (bool resident : {true, false}) {
+  for (SpStep step : {SpStep::kResident, SpStep::kShared, SpStep::kEarlyS}) {
     KbStepResult r;
-    QKB_TRY(resident ? run_sp_case<true>(micro, s, trace, &r) : run_sp_case<false>(micro, s, trace, &r));
+    QKB_TRY(step == SpStep::kResident ? run_sp_case<SpStep::kResident>(micro, s, trace, &r)
+            : step == SpStep::kShared ? run_sp_case<SpStep::kShared>(micro, s, trace, &r)
+                                      : run_sp_case<SpStep::kEarlyS>(micro, s, trace, &r));
     std::printf("kb %-10s %-4s %9.1f %12.3f %8d %6.1f%% %8.1f   (rows of %lld keys, statistics a step ahead)\n",
                 r.mode.c_str(), r.dq.c_str(), r.us, r.step_us, r.products, 100.0 * r.tensor_share,
                 double(r.bytes) / kBytesPerMiB, (long long)kSpKeys);

@@ -1,4 +1,4 @@
-// The key-block single pass's two forms for the kernel tests (sp_variants.cu): bf16, D = 128, recompute.
+// The key-block single pass's step forms for the kernel tests (sp_variants.cu): bf16, D = 128, recompute.
 #pragma once
 
 #include "problem.h"
@@ -7,7 +7,9 @@ struct CUstream_st;
 
 namespace qksoftmax::test {
 
-// K_w resident in registers (as dispatched) or read from shared memory with the dQ product in flight.
-Status run_sp_variant(const Problem& prob, bool k_resident, CUstream_st* stream);
+// sm90_instances.h's SpStep, mirrored here (the tests do not include the CUDA headers): K_w resident in
+// registers; from shared memory with the dQ product in flight; and that with Sᵀ(t + 1) issued at the step's top.
+enum class SpForm { kResident, kShared, kEarlyS };
+Status run_sp_variant(const Problem& prob, SpForm form, CUstream_st* stream);
 
 }  // namespace qksoftmax::test

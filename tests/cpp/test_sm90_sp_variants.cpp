@@ -1,7 +1,7 @@
-// The single pass on the key-block machinery in both its forms (src/cuda/sm90/sp_config.h, kKResident): K_w in
-// registers with every product awaited in its step (as dispatched), and K_w from shared memory with the dQ
-// product in flight into the next step: each against the CPU backend, and against each other bit for bit (the
-// same products in the same order). The kernels are called
+// The single pass on the key-block machinery in each of its step forms (src/cuda/sm90/sp_config.h, SpStep): K_w
+// in registers with every product awaited in its step, K_w from shared memory with the dQ product in flight into
+// the next step, and that with Sᵀ(t + 1) issued at the step's top and dK from shared memory: each against the CPU
+// backend, and against each other bit for bit (the same products over the same operands). The kernels are called
 // through their internal entry point (sp_variants.cu), with the Problem built here from the test's tensors.
 #include <gtest/gtest.h>
 
@@ -42,35 +42,38 @@ class GpuSpVariants : public GpuTest, public ::testing::WithParamInterface<Case>
 TEST_P(GpuSpVariants, BitwiseEqual) {
   const Case& c = GetParam();
   const Inputs in = make_inputs(c, test_seed());
-  Outputs resident(c, c.dtype, c.output_layout()), shared(c, c.dtype, c.output_layout());
+  constexpr SpForm kForms[] = {SpForm::kResident, SpForm::kShared, SpForm::kEarlyS};
+  constexpr const char* kNames[] = {"K_w resident", "K_w from shared memory", "Sᵀ(t + 1) issued early"};
   const Stream stream;
   DeviceTensor q(in.q), k(in.k), dp(in.dp);
-  DeviceTensor dq_a(resident.dq), dk_a(resident.dk), dq_b(shared.dq), dk_b(shared.dk);
-  for (DeviceTensor* t : {&dq_a, &dk_a, &dq_b, &dk_b}) t->poison();
-  const Status a = run_sp_variant(sp_problem(c, q.desc(), k.desc(), dp.desc(), dq_a.desc(), dk_a.desc()), true,
-                                  stream.get());
-  ASSERT_TRUE(a.ok()) << a.message();
-  const Status b = run_sp_variant(sp_problem(c, q.desc(), k.desc(), dp.desc(), dq_b.desc(), dk_b.desc()), false,
-                                  stream.get());
-  ASSERT_TRUE(b.ok()) << b.message();
-  ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
-  for (auto [from, to] : {std::pair{&dq_a, &resident.dq}, {&dk_a, &resident.dk}, {&dq_b, &shared.dq},
-                          {&dk_b, &shared.dk}}) {
-    const Status s = from->download(*to);
-    ASSERT_TRUE(s.ok()) << s.message();
+  std::vector<Outputs> outs;
+  outs.reserve(std::size(kForms));
+  for (int f = 0; f < int(std::size(kForms)); ++f) {
+    Outputs& out = outs.emplace_back(c, c.dtype, c.output_layout());
+    DeviceTensor dq(out.dq), dk(out.dk);
+    dq.poison();
+    dk.poison();
+    const Status run = run_sp_variant(sp_problem(c, q.desc(), k.desc(), dp.desc(), dq.desc(), dk.desc()), kForms[f],
+                                      stream.get());
+    ASSERT_TRUE(run.ok()) << kNames[f] << ": " << run.message();
+    ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess) << kNames[f];
+    for (auto [from, to] : {std::pair{&dq, &out.dq}, {&dk, &out.dk}}) {
+      const Status s = from->download(*to);
+      ASSERT_TRUE(s.ok()) << s.message();
+    }
   }
-  // Each against the CPU backend on fp32 copies (test_cuda.cpp's reference), then against each other.
+  // Each against the CPU backend on fp32 copies (test_cuda.cpp's reference), then against the first bit for bit.
   Outputs ref(c, DType::kFloat32, Layout::kContiguous);
   const Status s = cpu_run(c, in.converted(DType::kFloat32), ref);
   ASSERT_TRUE(s.ok()) << "CPU reference: " << s.message();
   const double tolerance = accuracy::bound(c.dtype);
-  for (const Outputs* out : {&resident, &shared}) {
-    SCOPED_TRACE(out == &resident ? "K_w resident" : "K_w from shared memory");
-    expect_gradient_close(c, "dq", out->dq, ref.dq.values(), tolerance);
-    expect_gradient_close(c, "dk", out->dk, ref.dk.values(), tolerance);
+  for (int f = 0; f < int(outs.size()); ++f) {
+    SCOPED_TRACE(kNames[f]);
+    expect_gradient_close(c, "dq", outs[f].dq, ref.dq.values(), tolerance);
+    expect_gradient_close(c, "dk", outs[f].dk, ref.dk.values(), tolerance);
+    EXPECT_TRUE(bitwise_equal(outs[0].dq, outs[f].dq)) << "dq";
+    EXPECT_TRUE(bitwise_equal(outs[0].dk, outs[f].dk)) << "dk";
   }
-  EXPECT_TRUE(bitwise_equal(resident.dq, shared.dq)) << "dq";
-  EXPECT_TRUE(bitwise_equal(resident.dk, shared.dk)) << "dk";
 }
 
 // Tiles of 1, 2 and 16 steps, more tiles than SMs, grouped query heads, cut blocks (causal, keys past Sk, rows

@@ -16,11 +16,14 @@
 
 namespace qksoftmax::cuda::sm90 {
 
-// kKResident: Sᵀ = K_w Qᵀ with K_w in registers (RS, as the key-block pass), every product of a step awaited in
-// it; otherwise K_w from shared memory (SS), whose 32 registers let the dQ product stay in flight under the next
-// step's statistics and be staged at the next step's start (docs/DESIGN.md, the single pass's way down, 1; the
-// step benchmark's single_pass_ss case).
-template <class Element_, int kHeadDim_, bool kKResident_>
+// kStep (sm90_instances.h, docs/DESIGN.md, the single pass's way down):
+//   kResident  Sᵀ = K_w Qᵀ with K_w in registers (RS, as the key-block pass), every product of a step awaited in it;
+//   kShared    K_w from shared memory (SS), whose 32 registers let the dQ product stay in flight under the next
+//              step's statistics and be staged at the next step's start;
+//   kEarlyS    kShared with Sᵀ(t + 1) issued at step t's top, so that it runs under the combine and dS instead of
+//              standing between the products and the statistics, and dK's dSᵀ read from the dS buffer (SS), so
+//              that no register of dS lives while dK runs under the statistics.
+template <class Element_, int kHeadDim_, SpStep kStep_>
 struct SpConfig : KbConfig<Element_, kHeadDim_, false, true> {
   using Base = KbConfig<Element_, kHeadDim_, false, true>;
   using Element = Element_;
@@ -42,11 +45,16 @@ struct SpConfig : KbConfig<Element_, kHeadDim_, false, true> {
 
   static_assert(kBlockM == kSpBlockM, "dispatch.cu counts the single pass's steps by sm90_instances.h's kSpBlockM");
   static constexpr bool kStaticTiles = true;  // KbTileWriter::claim: CTA c's tiles are c, c + grid, …
-  static constexpr bool kKResident = kKResident_;
+  static constexpr SpStep kStep = kStep_;
+  static constexpr bool kKResident = kStep == SpStep::kResident;
+  static constexpr bool kEarlyS = kStep == SpStep::kEarlyS;
   using typename Base::HF;
   // Sᵀ = K_w Qᵀ with both operands from shared memory (K-major), where K_w is not resident.
   using MmaStShared = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<HF, BM, HD>, GMMA::Major::K, GMMA::Major::K>()));
+  // dK += dSᵀ Q with dSᵀ from the dS buffer (kEarlyS): the buffer's (keys, rows) view is keys-contiguous, M-major.
+  using MmadKShared = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<HF, HD, BM>, GMMA::Major::MN, GMMA::Major::MN>()));
   static constexpr int kMaxSk = kBlockN;      // the keys one CTA holds
   // Consumer warps; each reduces its own 16 keys of a row and writes one partial per row.
   static constexpr int kConsumerWarps = kConsumerThreads / 32;
@@ -100,6 +108,10 @@ struct SpConfig : KbConfig<Element_, kHeadDim_, false, true> {
       SmemLayoutdQ{}));
   // Named barrier (after the dS barriers) by consumer: its 128 threads' stmatrix of the dQ partial done.
   static constexpr uint32_t kDqStagedBarrier = 2;  // + consumer
+  // kEarlyS: by consumer, its 128 threads' dS written (its own dK product reads it); and both consumers' products
+  // of a tile's last step done (its dQ partial is staged in the dS buffer that both dK products read).
+  static constexpr uint32_t kDsOwnBarrier = 4;  // + consumer
+  static constexpr uint32_t kTileEndBarrier = 6;
 
   struct Params {
     Problem prob;

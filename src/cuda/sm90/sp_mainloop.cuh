@@ -154,6 +154,11 @@ struct SpMainloop {
     auto thr_dk = mma_dk.get_thread_slice(tid);
     Tensor tdKrdK = partition_fragment_C(mma_dk, Shape<HF, HD>{});  // (MMA, 1, 1) fp32, the block's
     const Tensor tdKrQ = thr_dk.partition_fragment_B(sQt);           // (MMA, 1, BM/16, ST) descriptors
+    // dSᵀ and Q as dK's operands from shared memory (kEarlyS).
+    typename Cfg::MmadKShared mma_dk_shared;
+    auto thr_dk_shared = mma_dk_shared.get_thread_slice(tid);
+    const Tensor tdKsdS = thr_dk_shared.partition_fragment_A(Cfg::consumer_keys(sdSt, w));  // (MMA, 1, BM/16, DB)
+    const Tensor tdKsQ = thr_dk_shared.partition_fragment_B(sQt);                           // (MMA, 1, BM/16, ST)
 
     typename Cfg::MmadQ mma_dq;
     auto thr_dq = mma_dq.get_thread_slice(tid);
@@ -195,9 +200,10 @@ struct SpMainloop {
     __half2 tSrPc[kKeys * kRows / 2];
     FragS16 tSrdP;  // dPᵀ of the step
     mma_dk.accumulate_ = GMMA::ScaleOut::One;
+    mma_dk_shared.accumulate_ = GMMA::ScaleOut::One;
 
     // The statistics a step ahead: from Sᵀ in tSrS and dP of stage `stage`, step g's P_c into tSrPc, dPᵀ into
-    // tSrdP, and this warp's partials of its rows; then an arrival on the step's statistics barrier.
+    // tSrdP, and this warp's partials of its rows (stats_arrive announces them).
     const auto stats_ahead = [&](FragS& tSrS, int stage, int64_t m0, int64_t n0w, int g) {
       Tensor tSrS_rc = make_tensor(tSrS.data(), rowcol(tSrS.layout()));     // (keys, rows)
       Tensor tSrdP_rc = make_tensor(tSrdP.data(), rowcol(tSrdP.layout()));  // (keys, rows)
@@ -293,13 +299,18 @@ struct SpMainloop {
       store_shared_f2(smem_addr(&st.partials[b][Cfg::kStatM][wi][own_row]), m_own[0], m_own[1]);
       store_shared_f2(smem_addr(&st.partials[b][Cfg::kStatL][wi][own_row]), l[0], l[1]);
       store_shared_f2(smem_addr(&st.partials[b][Cfg::kStatU][wi][own_row]), u[0], u[1]);
-      cutlass::arch::ClusterBarrier::arrive(&st.stats_full[b]);  // (a release of those stores at CTA scope)
     };
+    // This thread's partials of step g written: an arrival on its statistics barrier (a release of those stores
+    // at CTA scope).
+    const auto stats_arrive = [&](int g) { cutlass::arch::ClusterBarrier::arrive(&st.stats_full[g % Cfg::kStatBuffers]); };
 
+    // Step g's partials, every consumer thread's, awaited.
+    const auto stats_wait = [&](int g) {
+      cutlass::arch::ClusterBarrier::wait(&st.stats_full[g % Cfg::kStatBuffers], (g / Cfg::kStatBuffers) & 1);
+    };
     // Step g's statistics combined (its partials awaited) into this warp's (f, f · D) of each row.
     const auto combine = [&](int g) {
       const int b = g % Cfg::kStatBuffers;
-      cutlass::arch::ClusterBarrier::wait(&st.stats_full[b], (g / Cfg::kStatBuffers) & 1);
       // The maxima first, then l and u a warp at a time: no more than the 8 warps' maxima stay live beside the
       // step's registers.
       float2 m[kWarps];
@@ -401,8 +412,11 @@ struct SpMainloop {
       warpgroup_commit_batch();
     };
     // Where K_w is not resident, the dQ product of a turn stays in flight under the statistics and is staged at
-    // the next step's start (its accumulator live across steps).
+    // the next step's start (its accumulator live across steps); with kEarlyS once the step's partials are in,
+    // for the other consumer's dK product of the previous step reads that dS buffer too and is done before that
+    // consumer's arrival.
     constexpr bool kDqInFlight = !Cfg::kKResident;
+    constexpr bool kEarlyS = Cfg::kEarlyS;
     FragdQ tdQrdQ_flight;  // (MMA, 1, 1) fp32
     int64_t dq_head = 0, dq_m0 = 0;
     int dq_buf = 0;
@@ -428,6 +442,7 @@ struct SpMainloop {
         warpgroup_wait<0>();
         warpgroup_fence_operand(tSrS);
         stats_ahead(tSrS, stage_state.index(), int64_t(at.block) * kBlockM, n0w, g);
+        stats_arrive(g);
       }
       trace.mark(SpTracePhase::kTileStart);
       // Nothing in flight at the top of a step (every product of a step awaited in it), but for the dQ product of
@@ -440,12 +455,43 @@ struct SpMainloop {
         work.advance(at);
         auto next_state = stage_state;
         ++next_state;
-        if constexpr (kDqInFlight) {
-          if (t > 0 && !turn) {  // step g − 1 was this consumer's turn
+        const bool ahead = t + 1 < work.steps;
+        FragS tSrS;  // (MMA, 1, 1) fp32: Sᵀ of step t + 1
+        if constexpr (kEarlyS) {
+          // Sᵀ(t + 1) at the step's top, so that it runs under the combine and dS (the tile's last step's
+          // multiplies its own tiles and is never read: straight-line wgmma keeps ptxas from serialising them).
+          // Where step g − 1 was this consumer's turn, its dQ partial is staged first, once the step's partials
+          // are in (the other consumer's dK product of step g − 1 done): with Sᵀ(t + 1) in flight, ptxas would
+          // serialise the wgmma for the read of the dQ accumulator.
+          const auto issue_next_s = [&] {
+            if (ahead) stage_pipe.consumer_wait(next_state);
+            issue_s(ahead ? next_state.index() : stage, k_use.buffer, tSrS);
+          };
+          if (t > 0 && !turn) {
+            stats_wait(g);
+            trace.mark(SpTracePhase::kStatsWait);
             warpgroup_wait<0>();
             warpgroup_fence_operand(tdQrdQ_flight);
             store_dq(tdQrdQ_flight, dq_buf, work.b, dq_head, dq_m0);
+            trace.mark(SpTracePhase::kStoreDq);
+            issue_next_s();
+            trace.mark(SpTracePhase::kIssueS);
+          } else {
+            issue_next_s();
+            trace.mark(SpTracePhase::kIssueS);
+            stats_wait(g);
+            trace.mark(SpTracePhase::kStatsWait);
           }
+        } else {
+          if constexpr (kDqInFlight) {
+            if (t > 0 && !turn) {  // step g − 1 was this consumer's turn
+              warpgroup_wait<0>();
+              warpgroup_fence_operand(tdQrdQ_flight);
+              store_dq(tdQrdQ_flight, dq_buf, work.b, dq_head, dq_m0);
+            }
+          }
+          stats_wait(g);
+          trace.mark(SpTracePhase::kStatsWait);
         }
 
         combine(g);
@@ -454,68 +500,120 @@ struct SpMainloop {
         dst_of(tSrdS, m0, n0w);
         trace.mark(SpTracePhase::kDs);
         // dS buffer g mod 2 was last read by the dQ product of step g − 2, awaited in that step by its
-        // consumer, who arrived at the dS barrier of step g − 1 after it (the other consumer passed it).
+        // consumer, who arrived at the dS barrier of step g − 1 after it (the other consumer passed it), and
+        // (kEarlyS) by both consumers' dK products of step g − 2, each awaited before its statistics' arrival
+        // in that step.
         copy(r2s, thr_r2s.retile_S(tSrdS), thr_r2s.partition_D(Cfg::consumer_keys(sdSt(_, _, buf), w)));
-        if (!turn) {
-          if (tid == 0) tma_store_wait<0>();  // the previous step's dQ store has read its dS buffer (store_dq)
+        if constexpr (kEarlyS) {
           cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
-          cutlass::arch::NamedBarrier::arrive(kDsBarrierThreads, Cfg::kDsBarrier + buf);
-        }
-        trace.mark(SpTracePhase::kStoreDs);
-        // Sᵀ of step t + 1 (the tile's last step's multiplies its own tiles and is never read: straight-line
-        // wgmma keeps ptxas from serialising them), then dK += dSᵀ Q.
-        const bool ahead = t + 1 < work.steps;
-        if (ahead) stage_pipe.consumer_wait(next_state);
-        FragS tSrS;  // (MMA, 1, 1) fp32: Sᵀ of step t + 1
-        issue_s(ahead ? next_state.index() : stage, k_use.buffer, tSrS);
-        trace.mark(SpTracePhase::kIssueS);
-        const Tensor tdKrdS = make_tensor(tSrdS.data(), acc_as_operand_a(tSrdS.layout()));  // ((2, 2, 2), 1, BM/16)
-        warpgroup_arrive();
-        CUTE_UNROLL
-        for (int kb = 0; kb < size<2>(tdKrdS); ++kb) gemm(mma_dk, tdKrdS(_, _, kb), tdKrQ(_, _, kb, stage), tdKrdK);
-        warpgroup_commit_batch();
-        trace.mark(SpTracePhase::kIssueDk);
-        if (turn) {
-          cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
-          cutlass::arch::NamedBarrier::sync(kDsBarrierThreads, Cfg::kDsBarrier + buf);
-          trace.mark(SpTracePhase::kDsBarrier);
-          if constexpr (kDqInFlight) {
+          if (turn) {
+            cutlass::arch::NamedBarrier::sync(kDsBarrierThreads, Cfg::kDsBarrier + buf);
+          } else {
+            if (tid == 0) tma_store_wait<0>();  // the previous step's dQ store has read its dS buffer (store_dq)
+            cutlass::arch::NamedBarrier::arrive(kDsBarrierThreads, Cfg::kDsBarrier + buf);
+            cutlass::arch::NamedBarrier::sync(Cfg::kWarpgroupThreads, Cfg::kDsOwnBarrier + w);
+          }
+          trace.mark(SpTracePhase::kStoreDs);
+          // dK += dSᵀ Q from shared memory, then on its turn the dQ product: both run under the statistics.
+          warpgroup_arrive();
+          CUTE_UNROLL
+          for (int kb = 0; kb < size<2>(tdKsdS); ++kb) {
+            gemm(mma_dk_shared, tdKsdS(_, _, kb, buf), tdKsQ(_, _, kb, stage), tdKrdK);
+          }
+          warpgroup_commit_batch();
+          trace.mark(SpTracePhase::kIssueDk);
+          // Then Sᵀ(t + 1) awaited (dK and, on turn, dQ in flight), each wait in the branch of its products so
+          // that ptxas sees which accumulator it frees.
+          if (turn) {
             issue_dq(buf, k_use.buffer, tdQrdQ_flight);
-            trace.mark(SpTracePhase::kIssueDq);
             dq_head = head;
             dq_m0 = m0;
             dq_buf = buf;
-            warpgroup_wait<1>();  // Sᵀ of step t + 1 and dK; dQ in flight into step t + 1
-            trace.mark(SpTracePhase::kWaitProducts);
-          } else {
-            FragdQ tdQrdQ;  // (MMA, 1, 1) fp32
-            issue_dq(buf, k_use.buffer, tdQrdQ);
             trace.mark(SpTracePhase::kIssueDq);
-            // Every product of the step: the dQ partial is stored now, so that its registers are free for the
-            // statistics a step ahead (Sᵀ(t + 1), P_c(t + 1) and dP(t + 1) live at once).
-            warpgroup_wait<0>();
-            warpgroup_fence_operand(tdQrdQ);
-            trace.mark(SpTracePhase::kWaitProducts);
-            store_dq(tdQrdQ, buf, work.b, head, m0);
-            trace.mark(SpTracePhase::kStoreDq);
+            warpgroup_wait<2>();
+          } else {
+            warpgroup_wait<1>();
           }
-        } else {
-          warpgroup_wait<0>();
           trace.mark(SpTracePhase::kWaitProducts);
+          warpgroup_fence_operand(tSrS);
+          if (ahead) stats_ahead(tSrS, next_state.index(), int64_t(at.block) * kBlockM, n0w, g + 1);
+          trace.mark(SpTracePhase::kStats);
+          // dK done (its dSᵀ and the stage's Q read) before the arrival, so that the step's partials tell the
+          // stager of this step's dQ partial that the dS buffer is read no more; the dQ product stays in flight.
+          if (turn) {
+            warpgroup_wait<1>();
+          } else {
+            warpgroup_wait<0>();
+          }
+          if (ahead) stats_arrive(g + 1);
+          trace.mark(SpTracePhase::kWaitDk);
+        } else {
+          if (!turn) {
+            if (tid == 0) tma_store_wait<0>();  // the previous step's dQ store has read its dS buffer (store_dq)
+            cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
+            cutlass::arch::NamedBarrier::arrive(kDsBarrierThreads, Cfg::kDsBarrier + buf);
+          }
+          trace.mark(SpTracePhase::kStoreDs);
+          // Sᵀ of step t + 1 (the tile's last step's multiplies its own tiles and is never read: straight-line
+          // wgmma keeps ptxas from serialising them), then dK += dSᵀ Q.
+          if (ahead) stage_pipe.consumer_wait(next_state);
+          issue_s(ahead ? next_state.index() : stage, k_use.buffer, tSrS);
+          trace.mark(SpTracePhase::kIssueS);
+          const Tensor tdKrdS = make_tensor(tSrdS.data(), acc_as_operand_a(tSrdS.layout()));  // ((2, 2, 2), 1, BM/16)
+          warpgroup_arrive();
+          CUTE_UNROLL
+          for (int kb = 0; kb < size<2>(tdKrdS); ++kb) gemm(mma_dk, tdKrdS(_, _, kb), tdKrQ(_, _, kb, stage), tdKrdK);
+          warpgroup_commit_batch();
+          trace.mark(SpTracePhase::kIssueDk);
+          if (turn) {
+            cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
+            cutlass::arch::NamedBarrier::sync(kDsBarrierThreads, Cfg::kDsBarrier + buf);
+            trace.mark(SpTracePhase::kDsBarrier);
+            if constexpr (kDqInFlight) {
+              issue_dq(buf, k_use.buffer, tdQrdQ_flight);
+              trace.mark(SpTracePhase::kIssueDq);
+              dq_head = head;
+              dq_m0 = m0;
+              dq_buf = buf;
+              warpgroup_wait<1>();  // Sᵀ of step t + 1 and dK; dQ in flight into step t + 1
+              trace.mark(SpTracePhase::kWaitProducts);
+            } else {
+              FragdQ tdQrdQ;  // (MMA, 1, 1) fp32
+              issue_dq(buf, k_use.buffer, tdQrdQ);
+              trace.mark(SpTracePhase::kIssueDq);
+              // Every product of the step: the dQ partial is stored now, so that its registers are free for the
+              // statistics a step ahead (Sᵀ(t + 1), P_c(t + 1) and dP(t + 1) live at once).
+              warpgroup_wait<0>();
+              warpgroup_fence_operand(tdQrdQ);
+              trace.mark(SpTracePhase::kWaitProducts);
+              store_dq(tdQrdQ, buf, work.b, head, m0);
+              trace.mark(SpTracePhase::kStoreDq);
+            }
+          } else {
+            warpgroup_wait<0>();
+            trace.mark(SpTracePhase::kWaitProducts);
+          }
+          warpgroup_fence_operand(tSrS);
+          if (ahead) {
+            stats_ahead(tSrS, next_state.index(), int64_t(at.block) * kBlockM, n0w, g + 1);
+            stats_arrive(g + 1);
+          }
+          trace.mark(SpTracePhase::kStats);
         }
-        warpgroup_fence_operand(tSrS);
-        if (ahead) stats_ahead(tSrS, next_state.index(), int64_t(at.block) * kBlockM, n0w, g + 1);
-        trace.mark(SpTracePhase::kStats);
         stage_pipe.consumer_release(stage_state);  // this warpgroup's last reader of the stage is done
         stage_state = next_state;
       }
       // Then this consumer reads the tile's K buffer no more (k_empty counts every consumer thread), its last dQ
-      // product (kDqInFlight) awaited and staged.
+      // product (kDqInFlight) awaited and staged: with kEarlyS once both consumers' dK products of the step, which
+      // read the same dS buffer, are done.
       warpgroup_fence_operand(tdKrdK);
       if constexpr (kDqInFlight) {
         warpgroup_wait<0>();
         warpgroup_fence_operand(tdQrdQ_flight);
-        if (work.steps > 0 && (g - 1) % kBuffers == w) store_dq(tdQrdQ_flight, dq_buf, work.b, dq_head, dq_m0);
+        if (work.steps > 0) {
+          if constexpr (kEarlyS) cutlass::arch::NamedBarrier::sync(kDsBarrierThreads, Cfg::kTileEndBarrier);
+          if ((g - 1) % kBuffers == w) store_dq(tdQrdQ_flight, dq_buf, work.b, dq_head, dq_m0);
+        }
       }
       if (work.steps > 0) cutlass::arch::ClusterBarrier::arrive(&st.k_empty[k_use.buffer]);
       kb_store_dk<Cfg>(params, w, tdKrdK, thr_dk.partition_C(make_identity_tensor(Shape<HF, HD>{})), work);

@@ -72,7 +72,8 @@ enum class KbTracePhase : int {
 // The single pass on the key-block machinery (sp_mainloop.cuh): its consumers' phases, in the order of a step
 // (roles as KbTraceRole's consumers).
 enum class SpTracePhase : int {
-  kCombine,       // the step's partials awaited and combined into the warp's factors
+  kStatsWait,     // the step's partials awaited
+  kCombine,       // the step's partials combined into the warp's factors
   kDs,            // dSᵀ element-wise
   kStoreDs,       // dS written by stmatrix, announced off turn
   kIssueS,        // Sᵀ of the next step issued, after its stage's wait
@@ -82,6 +83,7 @@ enum class SpTracePhase : int {
   kWaitProducts,  // every product of the step done
   kStoreDq,       // the dQ partial stored (on turn)
   kStats,         // the next step's statistics: P_c, dPᵀ read, partials written
+  kWaitDk,        // the dK product done, the partials announced (kEarlyS)
   kTileStart,     // per tile: its index, K awaited and read, Sᵀ of its step 0 and its statistics
   kTileEnd,       // per tile: K handed back, dK stored
   kCount

@@ -209,8 +209,8 @@ Result run_case(const MicroRun& micro, const KbStepShape& s, const KbBuffers& b,
 // a timing may do. dP ~ N(0, 1), so that dS is not zero.
 constexpr int64_t kSpKeys = 128;
 // The pass's step forms (sp_config.h, SpStep): K_w resident with every product awaited in its step; K_w from
-// shared memory with the dQ product in flight into the next step; and that with Sᵀ(t + 1) issued at the step's
-// top and dK from shared memory.
+// shared memory with the dQ product in flight into the next step; that with Sᵀ(t + 1) issued at the step's top and
+// dK from shared memory; and that schedule with S's rows on the products' M.
 using qksoftmax::cuda::sm90::SpStep;
 template <SpStep kStep>
 using SpOf = qksoftmax::cuda::sm90::SpConfig<Element, int(kKbHeadDim), kStep>;
@@ -220,7 +220,10 @@ struct TracedSp : SpOf<kStep> {
   using Trace = PhaseTrace;
 };
 constexpr const char* sp_case_name(SpStep step) {
-  return step == SpStep::kResident ? "single_pass_rs" : step == SpStep::kShared ? "single_pass_ss" : "single_pass_early";
+  return step == SpStep::kResident ? "single_pass_rs"
+         : step == SpStep::kShared  ? "single_pass_ss"
+         : step == SpStep::kEarlyS  ? "single_pass_early"
+                                    : "single_pass_rows";
 }
 using qksoftmax::cuda::sm90::SpTracePhase;
 constexpr const char* kSpConsumerPhases[] = {"stats wait", "combine",   "dS",         "dS store",  "issue S",
@@ -314,11 +317,18 @@ Result run_kb_steps(const MicroRun& micro, bool trace, KbStepShape* shape, std::
       results->push_back(r);
     }
   }
-  for (SpStep step : {SpStep::kResident, SpStep::kShared, SpStep::kEarlyS}) {
+  const auto run_sp = [&](SpStep step, KbStepResult* r) {
+    switch (step) {
+      case SpStep::kResident: return run_sp_case<SpStep::kResident>(micro, s, trace, r);
+      case SpStep::kShared: return run_sp_case<SpStep::kShared>(micro, s, trace, r);
+      case SpStep::kEarlyS: return run_sp_case<SpStep::kEarlyS>(micro, s, trace, r);
+      case SpStep::kRows: return run_sp_case<SpStep::kRows>(micro, s, trace, r);
+    }
+    return Result("unknown single-pass form");
+  };
+  for (SpStep step : {SpStep::kResident, SpStep::kShared, SpStep::kEarlyS, SpStep::kRows}) {
     KbStepResult r;
-    QKB_TRY(step == SpStep::kResident ? run_sp_case<SpStep::kResident>(micro, s, trace, &r)
-            : step == SpStep::kShared ? run_sp_case<SpStep::kShared>(micro, s, trace, &r)
-                                      : run_sp_case<SpStep::kEarlyS>(micro, s, trace, &r));
+    QKB_TRY(run_sp(step, &r));
     std::printf("kb %-10s %-4s %9.1f %12.3f %8d %6.1f%% %8.1f   (rows of %lld keys, statistics a step ahead)\n",
                 r.mode.c_str(), r.dq.c_str(), r.us, r.step_us, r.products, 100.0 * r.tensor_share,
                 double(r.bytes) / kBytesPerMiB, (long long)kSpKeys);

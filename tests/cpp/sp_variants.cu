@@ -16,6 +16,8 @@ Status run_sp_variant(const Problem& prob, SpForm form, CUstream_st* stream) {
       return cuda::run_sm90_single_pass<SpConfig<cutlass::bfloat16_t, 128, SpStep::kShared>>(prob, stream);
     case SpForm::kEarlyS:
       return cuda::run_sm90_single_pass<SpConfig<cutlass::bfloat16_t, 128, SpStep::kEarlyS>>(prob, stream);
+    case SpForm::kRows:
+      return cuda::run_sm90_single_pass<SpConfig<cutlass::bfloat16_t, 128, SpStep::kRows>>(prob, stream);
   }
   return {Code::kInternal, "unknown single-pass form"};
 }

@@ -8,8 +8,9 @@ struct CUstream_st;
 namespace qksoftmax::test {
 
 // sm90_instances.h's SpStep, mirrored here (the tests do not include the CUDA headers): K_w resident in
-// registers; from shared memory with the dQ product in flight; and that with Sᵀ(t + 1) issued at the step's top.
-enum class SpForm { kResident, kShared, kEarlyS };
+// registers; from shared memory with the dQ product in flight; that with Sᵀ(t + 1) issued at the step's top; and
+// that schedule with S's rows on the products' M.
+enum class SpForm { kResident, kShared, kEarlyS, kRows };
 Status run_sp_variant(const Problem& prob, SpForm form, CUstream_st* stream);
 
 }  // namespace qksoftmax::test

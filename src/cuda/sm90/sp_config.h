@@ -22,7 +22,10 @@ namespace qksoftmax::cuda::sm90 {
 //              step's statistics and be staged at the next step's start;
 //   kEarlyS    kShared with Sᵀ(t + 1) issued at step t's top, so that it runs under the combine and dS instead of
 //              standing between the products and the statistics, and dK's dSᵀ read from the dS buffer (SS), so
-//              that no register of dS lives while dK runs under the statistics.
+//              that no register of dS lives while dK runs under the statistics;
+//   kRows      kEarlyS's schedule with S = Q K_wᵀ instead of Sᵀ (sp_rows.cuh): a row's 64 keys of a consumer lie in
+//              one quad, so that its statistics take 2 shuffles a reduction and one partial per consumer instead
+//              of 8 lanes' butterflies and 8 warps' partials.
 template <class Element_, int kHeadDim_, SpStep kStep_>
 struct SpConfig : KbConfig<Element_, kHeadDim_, false, true> {
   using Base = KbConfig<Element_, kHeadDim_, false, true>;
@@ -47,7 +50,8 @@ struct SpConfig : KbConfig<Element_, kHeadDim_, false, true> {
   static constexpr bool kStaticTiles = true;  // KbTileWriter::claim: CTA c's tiles are c, c + grid, …
   static constexpr SpStep kStep = kStep_;
   static constexpr bool kKResident = kStep == SpStep::kResident;
-  static constexpr bool kEarlyS = kStep == SpStep::kEarlyS;
+  static constexpr bool kRowsOnM = kStep == SpStep::kRows;
+  static constexpr bool kEarlyS = kStep == SpStep::kEarlyS || kRowsOnM;  // the schedule
   using typename Base::HF;
   // Sᵀ = K_w Qᵀ with both operands from shared memory (K-major), where K_w is not resident.
   using MmaStShared = decltype(make_tiled_mma(
@@ -55,6 +59,17 @@ struct SpConfig : KbConfig<Element_, kHeadDim_, false, true> {
   // dK += dSᵀ Q with dSᵀ from the dS buffer (kEarlyS): the buffer's (keys, rows) view is keys-contiguous, M-major.
   using MmadKShared = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<HF, HD, BM>, GMMA::Major::MN, GMMA::Major::MN>()));
+  // S = Q K_wᵀ (kRowsOnM): M = the step's 64 rows, N = a consumer's 64 keys, K = D; Q and K_w K-major from
+  // shared memory. dP into its accumulator layout by ldmatrix and dS out of it by stmatrix, untransposed.
+  using MmaSRows = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<BM, HF, HD>, GMMA::Major::K, GMMA::Major::K>()));
+  using CopydPRows = decltype(make_tiled_copy_C(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, MmaSRows{}));
+  using CopydSRows = decltype(make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, MmaSRows{}));
+  // Consumer w's (BM, HF) part, its keys, of a (BM, BN) tile's stage or buffer.
+  template <class Tile>
+  CUTE_HOST_DEVICE static auto consumer_cols(Tile&& tile, int w) {
+    return local_tile(static_cast<Tile&&>(tile), Shape<BM, HF>{}, make_coord(0, w));
+  }
   static constexpr int kMaxSk = kBlockN;      // the keys one CTA holds
   // Consumer warps; each reduces its own 16 keys of a row and writes one partial per row.
   static constexpr int kConsumerWarps = kConsumerThreads / 32;
@@ -85,6 +100,8 @@ struct SpConfig : KbConfig<Element_, kHeadDim_, false, true> {
     alignas(16) float partials[kStatBuffers][kStats][kConsumerWarps][kBlockM];
     // Each warp's (factor, factor · D) of the step's rows, read back by its own lanes.
     alignas(16) float2 factors[kConsumerWarps][kBlockM];
+    // kRowsOnM: a consumer's partial (m, l, u, unused) of each row over its 64 keys, by step parity.
+    alignas(16) float4 row_partials[kStatBuffers][Base::kConsumers][kBlockM];
     typename StagePipeline::SharedStorage stage_pipe;
     typename TilePipeline::SharedStorage tile_pipe;
     int tile_index[kTileSlots];

@@ -1,7 +1,9 @@
 // The consumer warpgroups of the single pass (sp_config.h): the key-block step (kb_mainloop.cuh) with each row's
 // statistics computed by the consumers themselves, a step ahead. Consumer w owns keys [n0 + 64w, n0 + 64w + 64)
-// of the tile's block; a warp of it holds 16 of those keys × the step's 64 rows of Sᵀ, a row's 16 keys in the 8
-// lanes of equal lane mod 4 (2 keys each). Per 64-row step t (g counting the CTA's steps over its tiles):
+// of the tile's block. With S's rows on the products' M (SpStep::kRows, dispatched) the element-wise work is
+// sp_rows.cuh's, on the kEarlyS schedule below; the Sᵀ forms' is here. A warp of an Sᵀ form holds 16 of the
+// consumer's keys × the step's 64 rows of Sᵀ, a row's 16 keys in the 8 lanes of equal lane mod 4 (2 keys each).
+// Per 64-row step t (g counting the CTA's steps over its tiles):
 //   the statistics of step t, whose partials every consumer warp wrote in step t − 1, combined: each lane takes
 //   two rows, reads the 8 warps' (m, l, u) of them, and forms LSE·log2e = M + log2 L, D = U / L
 //   (L = Σ l_c 2^(m_c − M), U the same of u) and its warp's factor f = 2^(m_own − LSE·log2e) (times |scale| in
@@ -29,6 +31,7 @@
 
 #include "cuda/sm90/kb_epilogue.cuh"
 #include "cuda/sm90/sp_config.h"
+#include "cuda/sm90/sp_rows.cuh"
 #include "cuda/sm90/trace.h"
 
 namespace qksoftmax::cuda::sm90 {
@@ -375,6 +378,26 @@ struct SpMainloop {
     // this consumer's first thread; rows past Sq are clipped by TMA. That thread waits for the store's read of
     // the buffer before it arrives at the next step's dS barrier: the buffer's next writers (both consumers, two
     // steps on) pass that barrier first.
+    // The step's element-wise work in S's layout (kRowsOnM, sp_rows.cuh) or in Sᵀ's (the lambdas above).
+    constexpr bool kRowsOnM = Cfg::kRowsOnM;
+    SpRowStats<Cfg> rows{prob, st, w, tid, keys, scale_log2, fold};
+    using FragSStep = std::conditional_t<kRowsOnM, typename SpRowStats<Cfg>::FragS, FragS>;        // fp32
+    using FragdSStep = std::conditional_t<kRowsOnM, typename SpRowStats<Cfg>::FragS16, FragS16>;  // Element
+    const auto issue_step_s = [&](int stage, int kbuf, FragSStep& acc) {
+      if constexpr (kRowsOnM) {
+        rows.issue_s(stage, kbuf, acc);
+      } else {
+        issue_s(stage, kbuf, acc);
+      }
+    };
+    const auto step_ahead = [&](FragSStep& acc, int stage, int64_t m0, int64_t n0w, int g) {
+      if constexpr (kRowsOnM) {
+        rows.ahead(acc, stage, m0, n0w, g);
+      } else {
+        stats_ahead(acc, stage, m0, n0w, g);
+      }
+    };
+
     typename Cfg::CopydQ r2s_dq;
     auto thr_r2s_dq = r2s_dq.get_thread_slice(tid);
     const auto dq_addr = matrix_addresses(
@@ -437,11 +460,11 @@ struct SpMainloop {
           copy(s2r_k, thr_s2r_k.partition_S(sKw_of(k_use.buffer)), thr_s2r_k.retile_D(tSrK));  // resident
         }
         stage_pipe.consumer_wait(stage_state);  // Sᵀ of step 0
-        FragS tSrS;                             // (MMA, 1, 1) fp32
-        issue_s(stage_state.index(), k_use.buffer, tSrS);
+        FragSStep tSrS;                         // (MMA, 1, 1) fp32
+        issue_step_s(stage_state.index(), k_use.buffer, tSrS);
         warpgroup_wait<0>();
         warpgroup_fence_operand(tSrS);
-        stats_ahead(tSrS, stage_state.index(), int64_t(at.block) * kBlockM, n0w, g);
+        step_ahead(tSrS, stage_state.index(), int64_t(at.block) * kBlockM, n0w, g);
         stats_arrive(g);
       }
       trace.mark(SpTracePhase::kTileStart);
@@ -456,7 +479,7 @@ struct SpMainloop {
         auto next_state = stage_state;
         ++next_state;
         const bool ahead = t + 1 < work.steps;
-        FragS tSrS;  // (MMA, 1, 1) fp32: Sᵀ of step t + 1
+        FragSStep tSrS;  // (MMA, 1, 1) fp32: S or Sᵀ of step t + 1
         if constexpr (kEarlyS) {
           // Sᵀ(t + 1) at the step's top, so that it runs under the combine and dS (the tile's last step's
           // multiplies its own tiles and is never read: straight-line wgmma keeps ptxas from serialising them).
@@ -465,7 +488,7 @@ struct SpMainloop {
           // serialise the wgmma for the read of the dQ accumulator.
           const auto issue_next_s = [&] {
             if (ahead) stage_pipe.consumer_wait(next_state);
-            issue_s(ahead ? next_state.index() : stage, k_use.buffer, tSrS);
+            issue_step_s(ahead ? next_state.index() : stage, k_use.buffer, tSrS);
           };
           if (t > 0 && !turn) {
             stats_wait(g);
@@ -494,27 +517,38 @@ struct SpMainloop {
           trace.mark(SpTracePhase::kStatsWait);
         }
 
-        combine(g);
+        if constexpr (kRowsOnM) {
+          rows.combine(g);
+        } else {
+          combine(g);
+        }
         trace.mark(SpTracePhase::kCombine);
-        FragS16 tSrdS;  // (MMA, 1, 1): dSᵀ of this step, the dK product's A operand
-        dst_of(tSrdS, m0, n0w);
+        FragdSStep tSrdS;  // (MMA, 1, 1): dS or dSᵀ of this step (dSᵀ: the dK product's A operand where resident)
+        if constexpr (kRowsOnM) {
+          rows.ds(tSrdS, m0, n0w);
+        } else {
+          dst_of(tSrdS, m0, n0w);
+        }
         trace.mark(SpTracePhase::kDs);
         // dS buffer g mod 2 was last read by the dQ product of step g − 2, awaited in that step by its
         // consumer, who arrived at the dS barrier of step g − 1 after it (the other consumer passed it), and
         // (kEarlyS) by both consumers' dK products of step g − 2, each awaited before its statistics' arrival
         // in that step.
-        copy(r2s, thr_r2s.retile_S(tSrdS), thr_r2s.partition_D(Cfg::consumer_keys(sdSt(_, _, buf), w)));
+        if constexpr (kRowsOnM) {
+          rows.store_ds(tSrdS, buf);
+        } else {
+          copy(r2s, thr_r2s.retile_S(tSrdS), thr_r2s.partition_D(Cfg::consumer_keys(sdSt(_, _, buf), w)));
+        }
         if constexpr (kEarlyS) {
           cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
-          if (turn) {
-            cutlass::arch::NamedBarrier::sync(kDsBarrierThreads, Cfg::kDsBarrier + buf);
-          } else {
+          if (!turn) {
             if (tid == 0) tma_store_wait<0>();  // the previous step's dQ store has read its dS buffer (store_dq)
             cutlass::arch::NamedBarrier::arrive(kDsBarrierThreads, Cfg::kDsBarrier + buf);
-            cutlass::arch::NamedBarrier::sync(Cfg::kWarpgroupThreads, Cfg::kDsOwnBarrier + w);
           }
+          cutlass::arch::NamedBarrier::sync(Cfg::kWarpgroupThreads, Cfg::kDsOwnBarrier + w);
           trace.mark(SpTracePhase::kStoreDs);
-          // dK += dSᵀ Q from shared memory, then on its turn the dQ product: both run under the statistics.
+          // dK += dSᵀ Q from shared memory (this consumer's dS alone), then on its turn, once the other's dS is
+          // written, the dQ product: both run under the statistics.
           warpgroup_arrive();
           CUTE_UNROLL
           for (int kb = 0; kb < size<2>(tdKsdS); ++kb) {
@@ -522,9 +556,11 @@ struct SpMainloop {
           }
           warpgroup_commit_batch();
           trace.mark(SpTracePhase::kIssueDk);
-          // Then Sᵀ(t + 1) awaited (dK and, on turn, dQ in flight), each wait in the branch of its products so
+          // Then S(t + 1) awaited (dK and, on turn, dQ in flight), each wait in the branch of its products so
           // that ptxas sees which accumulator it frees.
           if (turn) {
+            cutlass::arch::NamedBarrier::sync(kDsBarrierThreads, Cfg::kDsBarrier + buf);
+            trace.mark(SpTracePhase::kDsBarrier);
             issue_dq(buf, k_use.buffer, tdQrdQ_flight);
             dq_head = head;
             dq_m0 = m0;
@@ -536,7 +572,7 @@ struct SpMainloop {
           }
           trace.mark(SpTracePhase::kWaitProducts);
           warpgroup_fence_operand(tSrS);
-          if (ahead) stats_ahead(tSrS, next_state.index(), int64_t(at.block) * kBlockM, n0w, g + 1);
+          if (ahead) step_ahead(tSrS, next_state.index(), int64_t(at.block) * kBlockM, n0w, g + 1);
           trace.mark(SpTracePhase::kStats);
           // dK done (its dSᵀ and the stage's Q read) before the arrival, so that the step's partials tell the
           // stager of this step's dQ partial that the dS buffer is read no more; the dQ product stays in flight.

@@ -208,31 +208,17 @@ Result run_case(const MicroRun& micro, const KbStepShape& s, const KbBuffers& b,
 // stride one row, as kb_step.h's Q and dP): the dQ stores of different CTAs land on the same rows, which only
 // a timing may do. dP ~ N(0, 1), so that dS is not zero.
 constexpr int64_t kSpKeys = 128;
-// The pass's step forms (sp_config.h, SpStep): K_w resident with every product awaited in its step; K_w from
-// shared memory with the dQ product in flight into the next step; that with Sᵀ(t + 1) issued at the step's top and
-// dK from shared memory; and that schedule with S's rows on the products' M.
-using qksoftmax::cuda::sm90::SpStep;
-template <SpStep kStep>
-using SpOf = qksoftmax::cuda::sm90::SpConfig<Element, int(kKbHeadDim), kStep>;
-using Sp = SpOf<SpStep::kShared>;
-template <SpStep kStep>
-struct TracedSp : SpOf<kStep> {
+using Sp = qksoftmax::cuda::sm90::SpConfig<Element, int(kKbHeadDim)>;
+struct TracedSp : Sp {
   using Trace = PhaseTrace;
 };
-constexpr const char* sp_case_name(SpStep step) {
-  return step == SpStep::kResident ? "single_pass_rs"
-         : step == SpStep::kShared  ? "single_pass_ss"
-         : step == SpStep::kEarlyS  ? "single_pass_early"
-                                    : "single_pass_rows";
-}
 using qksoftmax::cuda::sm90::SpTracePhase;
 constexpr const char* kSpConsumerPhases[] = {"stats wait", "combine",   "dS",         "dS store",  "issue S",
-                                             "issue dK",   "dS barrier", "issue dQ",  "wait all",  "store dQ",
+                                             "issue dK",   "dS barrier", "issue dQ",  "wait S",    "store dQ",
                                              "statistics", "wait dK",    "tile start", "tile end"};
 static_assert(int(std::size(kSpConsumerPhases)) == int(SpTracePhase::kCount), "a name per phase");
 static_assert(Sp::kMaxSk == kSpKeys && Sp::kBlockM == kKbBlockM, "the single pass's step is the key-block step");
 
-template <SpStep kStep>
 Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool trace, KbStepResult* out) {
   cudaStream_t stream = micro.stream.get();
   int device = 0;
@@ -267,11 +253,11 @@ Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool trace, KbSt
 
   double us = 0;
   QKB_TRY(median_call_us(stream, {kWarmup, kRuns, 1}, [&](int) {
-    return library_result(qksoftmax::cuda::run_sm90_single_pass<SpOf<kStep>>(prob, stream), "single pass");
+    return library_result(qksoftmax::cuda::run_sm90_single_pass<Sp>(prob, stream), "single pass");
   }, &us));
   const double total_steps = double(s.ctas) * double(s.steps_per_cta);
   const double active_sms = double(std::min<int64_t>(s.ctas, micro.info.sms));
-  out->mode = sp_case_name(kStep);
+  out->mode = "single_pass";
   out->dq = "bf16";
   out->products = kProductsRecompute;
   out->bytes = int64_t(q.bytes() + dq.bytes() + dp.bytes() + k.bytes() + dk.bytes());
@@ -282,7 +268,7 @@ Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool trace, KbSt
   if (trace) {
     std::printf("kb %s: %.3f us per step\n", out->mode.c_str(), out->step_us);
     QKB_TRY(clear_trace(stream));
-    QKB_TRY(library_result(qksoftmax::cuda::run_sm90_single_pass<TracedSp<kStep>>(prob, stream),
+    QKB_TRY(library_result(qksoftmax::cuda::run_sm90_single_pass<TracedSp>(prob, stream),
                            "traced single pass"));
     PhaseCycles c;
     QKB_TRY(read_trace(stream, &c));
@@ -317,23 +303,12 @@ Result run_kb_steps(const MicroRun& micro, bool trace, KbStepShape* shape, std::
       results->push_back(r);
     }
   }
-  const auto run_sp = [&](SpStep step, KbStepResult* r) {
-    switch (step) {
-      case SpStep::kResident: return run_sp_case<SpStep::kResident>(micro, s, trace, r);
-      case SpStep::kShared: return run_sp_case<SpStep::kShared>(micro, s, trace, r);
-      case SpStep::kEarlyS: return run_sp_case<SpStep::kEarlyS>(micro, s, trace, r);
-      case SpStep::kRows: return run_sp_case<SpStep::kRows>(micro, s, trace, r);
-    }
-    return Result("unknown single-pass form");
-  };
-  for (SpStep step : {SpStep::kResident, SpStep::kShared, SpStep::kEarlyS, SpStep::kRows}) {
-    KbStepResult r;
-    QKB_TRY(run_sp(step, &r));
-    std::printf("kb %-10s %-4s %9.1f %12.3f %8d %6.1f%% %8.1f   (rows of %lld keys, statistics a step ahead)\n",
-                r.mode.c_str(), r.dq.c_str(), r.us, r.step_us, r.products, 100.0 * r.tensor_share,
-                double(r.bytes) / kBytesPerMiB, (long long)kSpKeys);
-    results->push_back(r);
-  }
+  KbStepResult r;
+  QKB_TRY(run_sp_case(micro, s, trace, &r));
+  std::printf("kb %-10s %-4s %9.1f %12.3f %8d %6.1f%% %8.1f   (rows of %lld keys, statistics a step ahead)\n",
+              r.mode.c_str(), r.dq.c_str(), r.us, r.step_us, r.products, 100.0 * r.tensor_share,
+              double(r.bytes) / kBytesPerMiB, (long long)kSpKeys);
+  results->push_back(r);
   return {};
 }
 

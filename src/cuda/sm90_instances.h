@@ -22,11 +22,7 @@ template <class Element_, int kHeadDim_, bool kSavedP_, bool kDirectDq_>
 struct KbConfig;
 template <class Element_, int kHeadDim_, bool kSavedP_>
 struct BwdConfig;
-// The single pass's step forms (sp_config.h): K_w resident in registers with every product awaited in its step;
-// K_w from shared memory with the dQ product in flight into the next step; that with the next step's Sᵀ issued
-// at the step's top and dK's dSᵀ read from shared memory; and that schedule with S's rows on the products' M.
-enum class SpStep { kResident, kShared, kEarlyS, kRows };
-template <class Element_, int kHeadDim_, SpStep kStep_ = SpStep::kRows>
+template <class Element_, int kHeadDim_>
 struct SpConfig;
 template <class Element_, int kHeadDim_>
 struct ForwardConfig;

@@ -73,19 +73,19 @@ enum class KbTracePhase : int {
 // (roles as KbTraceRole's consumers).
 enum class SpTracePhase : int {
   kStatsWait,     // the step's partials awaited
-  kCombine,       // the step's partials combined into the warp's factors
-  kDs,            // dSᵀ element-wise
-  kStoreDs,       // dS written by stmatrix, announced off turn
-  kIssueS,        // Sᵀ of the next step issued, after its stage's wait
+  kCombine,       // the step's partials combined into this thread's factors
+  kDs,            // dS element-wise
+  kStoreDs,       // dS written by stmatrix, announced off turn, this consumer's own barrier passed
+  kIssueS,        // S of the next step issued, after its stage's wait
   kIssueDk,       // the dK product issued
   kDsBarrier,     // the other consumer's dS written (on turn)
   kIssueDq,       // the dQ product issued (on turn)
-  kWaitProducts,  // every product of the step done
-  kStoreDq,       // the dQ partial stored (on turn)
-  kStats,         // the next step's statistics: P_c, dPᵀ read, partials written
-  kWaitDk,        // the dK product done, the partials announced (kEarlyS)
-  kTileStart,     // per tile: its index, K awaited and read, Sᵀ of its step 0 and its statistics
-  kTileEnd,       // per tile: K handed back, dK stored
+  kWaitProducts,  // S of the next step done
+  kStoreDq,       // the previous step's dQ partial awaited and stored (off turn, at the step's top)
+  kStats,         // the next step's statistics: P_c, dP read, partials written
+  kWaitDk,        // the dK product done, the partials announced
+  kTileStart,     // per tile: its index, K awaited, S of its step 0 and its statistics
+  kTileEnd,       // per tile: the last dQ partial stored, K handed back, dK stored
   kCount
 };
 static_assert(int(SpTracePhase::kCount) <= int(KbTracePhase::kCount), "a trace holds the key-block pass's phases");

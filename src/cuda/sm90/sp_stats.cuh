@@ -1,9 +1,7 @@
-// The single pass's element-wise work with S's rows on the products' M (SpStep::kRows, sp_config.h): consumer w
-// computes S = Q K_wᵀ, (64 rows, its 64 keys); a thread holds 2 rows × 16 keys of it and a row's 64 keys lie in
-// the 4 lanes of a quad. Per step, against Sᵀ's layout (sp_mainloop.cuh), a row's maximum and sums take 2
-// shuffles each instead of halving and spreading butterflies over 8 lanes, a consumer writes one partial per row
-// instead of one per warp, and the combine reads the other consumer's partial alone and keeps its factors in
-// registers.
+// The single pass's element-wise work (sp_mainloop.cuh): consumer w computes S = Q K_wᵀ, (64 rows, its 64 keys),
+// with the rows on the products' M; a thread holds 2 rows × 16 keys of it and a row's 64 keys of the consumer lie
+// in the 4 lanes of a quad, so that a row's maximum and sums take 2 shuffles each, a consumer writes one partial
+// per row, and the combine reads the other consumer's partial alone and keeps its factors in registers.
 //   ahead(S, stage, …) the statistics a step ahead: x = S·scale·log2e (−inf where the row does not see the key),
 //                      the consumer's row maximum m, P_c = 2^(x − m) kept in fp16, dP read into registers,
 //                      l = Σ P_c and u = Σ P_c · dP; (m, l, u) kept and written as the consumer's partial;
@@ -21,14 +19,14 @@
 namespace qksoftmax::cuda::sm90 {
 
 template <class Cfg>
-struct SpRowStats {
+struct SpStats {
   using Element = typename Cfg::Element;
   using BM = typename Cfg::BM;
   using HD = typename Cfg::HD;
   using HF = typename Cfg::HF;
   using KB = typename Cfg::KB;
   static constexpr int kBlockM = Cfg::kBlockM, kHalf = Cfg::kHalf;
-  using MmaS = typename Cfg::MmaSRows;
+  using MmaS = typename Cfg::MmaS;
   using FragS = decltype(partition_fragment_C(MmaS{}, Shape<BM, HF>{}));  // (MMA, 1, 1) fp32
   using FragS16 = decltype(make_fragment_like<Element>(FragS{}));        // (MMA, 1, 1)
   using RowCol = decltype(rowcol(typename FragS::layout_type{}));         // (rows, keys)
@@ -46,8 +44,8 @@ struct SpRowStats {
   float fold;  // what f carries beyond 2^(m_own − M) / L: |scale| where dS carries the scale
 
   MmaS mma_s;
-  // P_c of the step against this consumer's row maxima, keys ci and ci + 1 of row ri in tSrPc[ri · kKeys / 2 + ci / 2].
-  __half2 tSrPc[kRows * kKeys / 2];
+  // P_c of the step against this consumer's row maxima, keys ci and ci + 1 of row ri in tSrPc[ri][ci / 2].
+  __half2 tSrPc[kRows][kKeys / 2];
   FragS16 tSrdP;                                    // dP of the step
   float own_m[kRows], own_l[kRows], own_u[kRows];   // this consumer's partials of the step's rows
   float f[kRows], fd[kRows];                        // the step's factors (combine)
@@ -56,6 +54,20 @@ struct SpRowStats {
   __device__ auto coords() const {
     Tensor tScS = mma_s.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<BM, HF>{}));  // (MMA, 1, 1)
     return make_tensor(tScS.data(), rowcol(tScS.layout()));                                     // (rows, keys)
+  }
+
+  // 32-bit shared-memory addresses of this thread's ldmatrix accesses of dP in stage 0 and stmatrix accesses of dS
+  // in buffer 0, computed once (CuTe's copies recompute them in 64-bit arithmetic at every call); a stage or a
+  // buffer is one (BM, BN) tile further.
+  static constexpr uint32_t kTileBytes = uint32_t(Cfg::kBlockM * Cfg::kBlockN * sizeof(Element));
+  static_assert(cosize_v<typename Cfg::SmemLayoutdS2> == 2 * Cfg::kBlockM * Cfg::kBlockN, "dS buffers are whole tiles");
+  __device__ auto dp_addresses() const {
+    Tensor sdP = make_tensor(make_smem_ptr(st.dp.data()), typename Cfg::SmemLayoutP{});  // (BM, BN, ST)
+    return matrix_addresses(typename Cfg::CopydP{}.get_thread_slice(tid).partition_S(Cfg::consumer_cols(sdP(_, _, 0), w)));
+  }
+  __device__ auto ds_addresses() const {
+    Tensor sdS = make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdS2{});  // (BM, BN, DB)
+    return matrix_addresses(typename Cfg::CopydS{}.get_thread_slice(tid).partition_D(Cfg::consumer_cols(sdS(_, _, 0), w)));
   }
 
   // S of the step in stage `stage` against K buffer kbuf into acc, one wgmma batch.
@@ -78,11 +90,9 @@ struct SpRowStats {
 
   // The statistics a step ahead, from S in tSrS (overwritten) and dP of stage `stage`: step g's P_c, dP and this
   // consumer's partials, kept and written (the caller's arrival on the statistics barrier announces them).
-  __device__ void ahead(FragS& tSrS, int stage, int64_t m0, int64_t n0w, int g) {
-    Tensor sdP = make_tensor(make_smem_ptr(st.dp.data()), typename Cfg::SmemLayoutP{});  // (BM, BN, ST)
-    typename Cfg::CopydPRows s2r;
-    auto thr_s2r = s2r.get_thread_slice(tid);
-    copy(s2r, thr_s2r.partition_S(Cfg::consumer_cols(sdP(_, _, stage), w)), thr_s2r.retile_D(tSrdP));
+  template <class Addr>
+  __device__ void ahead(FragS& tSrS, const Addr& dp_addr, int stage, int64_t m0, int64_t n0w, int g) {
+    load_matrices(dp_addr, uint32_t(stage) * kTileBytes, typename Cfg::CopydP{}.get_thread_slice(tid).retile_D(tSrdP));
     Tensor tSrS_rc = make_tensor(tSrS.data(), RowCol{});   // (rows, keys)
     Tensor tSrdP_rc = make_tensor(tSrdP.data(), RowCol{});  // (rows, keys)
     const auto tScS_rc = coords();                          // (rows, keys) → (row, key)
@@ -137,7 +147,7 @@ struct SpRowStats {
           pdp[ci] = decltype(is_cut)::value ? (p[ci] > 0.0f ? prod : 0.0f) : prod;
         }
         CUTE_UNROLL
-        for (int ci = 0; ci < kKeys; ci += 2) tSrPc[ri * (kKeys / 2) + ci / 2] = __floats2half2_rn(p[ci], p[ci + 1]);
+        for (int ci = 0; ci < kKeys; ci += 2) tSrPc[ri][ci / 2] = __floats2half2_rn(p[ci], p[ci + 1]);
         own_m[ri] = m;
         own_l[ri] = quad_sum<kQuad>(tree_reduce(p, SumOp{}));
         own_u[ri] = quad_sum<kQuad>(tree_reduce(pdp, SumOp{}));
@@ -152,7 +162,7 @@ struct SpRowStats {
       const int b = g % Cfg::kStatBuffers;
       CUTE_UNROLL
       for (int ri = 0; ri < kRows; ++ri) {
-        store_shared_f4(smem_addr(&st.row_partials[b][w][get<0>(tScS_rc(ri, 0))]),
+        store_shared_f4(smem_addr(&st.partials[b][w][get<0>(tScS_rc(ri, 0))]),
                         make_float4(own_m[ri], own_l[ri], own_u[ri], 0.0f));
       }
     }
@@ -165,7 +175,7 @@ struct SpRowStats {
     const int b = g % Cfg::kStatBuffers;
     CUTE_UNROLL
     for (int ri = 0; ri < kRows; ++ri) {
-      const float4 other = load_shared_f4(smem_addr(&st.row_partials[b][1 - w][get<0>(tScS_rc(ri, 0))]));
+      const float4 other = load_shared_f4(smem_addr(&st.partials[b][1 - w][get<0>(tScS_rc(ri, 0))]));
       const float m = fmaxf(own_m[ri], other.x);
       const float ref = m == -INFINITY ? 0.0f : m;  // no key: L = 0
       const float c_own = exp2_fast(own_m[ri] - ref), c_other = exp2_fast(other.x - ref);
@@ -192,7 +202,7 @@ struct SpRowStats {
       for (int ri = 0; ri < kRows; ++ri) {
         CUTE_UNROLL
         for (int ci = 0; ci < kKeys; ci += 2) {
-          const float2 p = __half22float2(tSrPc[ri * (kKeys / 2) + ci / 2]);
+          const float2 p = __half22float2(tSrPc[ri][ci / 2]);
           const float ds0 = p.x * fmaf(float(tSrdP_rc(ri, ci)), f[ri], -fd[ri]);
           const float ds1 = p.y * fmaf(float(tSrdP_rc(ri, ci + 1)), f[ri], -fd[ri]);
           tSrdS_rc(ri, ci) = Element(decltype(is_cut)::value && p.x == 0.0f ? 0.0f : ds0);
@@ -209,11 +219,9 @@ struct SpRowStats {
 
   // dS into this consumer's keys of dS buffer `buf` ((BM, BN) K-major: the dQ product's A operand, and through
   // its transposed view dK's).
-  __device__ void store_ds(const FragS16& tSrdS, int buf) const {
-    Tensor sdS = make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdS2{});  // (BM, BN, DB)
-    typename Cfg::CopydSRows r2s;
-    auto thr_r2s = r2s.get_thread_slice(tid);
-    copy(r2s, thr_r2s.retile_S(tSrdS), thr_r2s.partition_D(Cfg::consumer_cols(sdS(_, _, buf), w)));
+  template <class Addr>
+  __device__ void store_ds(const FragS16& tSrdS, const Addr& ds_addr, int buf) const {
+    store_matrices(ds_addr, uint32_t(buf) * kTileBytes, typename Cfg::CopydS{}.get_thread_slice(tid).retile_S(tSrdS));
   }
 };
 

@@ -208,8 +208,11 @@ Result run_case(const MicroRun& micro, const KbStepShape& s, const KbBuffers& b,
 // stride one row, as kb_step.h's Q and dP): the dQ stores of different CTAs land on the same rows, which only
 // a timing may do. dP ~ N(0, 1), so that dS is not zero.
 constexpr int64_t kSpKeys = 128;
+// As dispatched, and with a dQ warpgroup (sp_config.h's kDqWarpgroup; not dispatched).
 using Sp = qksoftmax::cuda::sm90::SpConfig<Element, int(kKbHeadDim)>;
-struct TracedSp : Sp {
+using SpDq = qksoftmax::cuda::sm90::SpConfig<Element, int(kKbHeadDim), true>;
+template <class Cfg>
+struct TracedSp : Cfg {
   using Trace = PhaseTrace;
 };
 using qksoftmax::cuda::sm90::SpTracePhase;
@@ -219,6 +222,7 @@ constexpr const char* kSpConsumerPhases[] = {"stats wait", "combine",   "dS",   
 static_assert(int(std::size(kSpConsumerPhases)) == int(SpTracePhase::kCount), "a name per phase");
 static_assert(Sp::kMaxSk == kSpKeys && Sp::kBlockM == kKbBlockM, "the single pass's step is the key-block step");
 
+template <class Cfg>
 Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool trace, KbStepResult* out) {
   cudaStream_t stream = micro.stream.get();
   int device = 0;
@@ -253,11 +257,11 @@ Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool trace, KbSt
 
   double us = 0;
   QKB_TRY(median_call_us(stream, {kWarmup, kRuns, 1}, [&](int) {
-    return library_result(qksoftmax::cuda::run_sm90_single_pass<Sp>(prob, stream), "single pass");
+    return library_result(qksoftmax::cuda::run_sm90_single_pass<Cfg>(prob, stream), "single pass");
   }, &us));
   const double total_steps = double(s.ctas) * double(s.steps_per_cta);
   const double active_sms = double(std::min<int64_t>(s.ctas, micro.info.sms));
-  out->mode = "single_pass";
+  out->mode = Cfg::kDqWarpgroup ? "single_pass_dqwg" : "single_pass";
   out->dq = "bf16";
   out->products = kProductsRecompute;
   out->bytes = int64_t(q.bytes() + dq.bytes() + dp.bytes() + k.bytes() + dk.bytes());
@@ -268,7 +272,7 @@ Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool trace, KbSt
   if (trace) {
     std::printf("kb %s: %.3f us per step\n", out->mode.c_str(), out->step_us);
     QKB_TRY(clear_trace(stream));
-    QKB_TRY(library_result(qksoftmax::cuda::run_sm90_single_pass<TracedSp>(prob, stream),
+    QKB_TRY(library_result(qksoftmax::cuda::run_sm90_single_pass<TracedSp<Cfg>>(prob, stream),
                            "traced single pass"));
     PhaseCycles c;
     QKB_TRY(read_trace(stream, &c));
@@ -303,12 +307,14 @@ Result run_kb_steps(const MicroRun& micro, bool trace, KbStepShape* shape, std::
       results->push_back(r);
     }
   }
-  KbStepResult r;
-  QKB_TRY(run_sp_case(micro, s, trace, &r));
-  std::printf("kb %-10s %-4s %9.1f %12.3f %8d %6.1f%% %8.1f   (rows of %lld keys, statistics a step ahead)\n",
-              r.mode.c_str(), r.dq.c_str(), r.us, r.step_us, r.products, 100.0 * r.tensor_share,
-              double(r.bytes) / kBytesPerMiB, (long long)kSpKeys);
-  results->push_back(r);
+  for (bool dq_warpgroup : {false, true}) {
+    KbStepResult r;
+    QKB_TRY(dq_warpgroup ? run_sp_case<SpDq>(micro, s, trace, &r) : run_sp_case<Sp>(micro, s, trace, &r));
+    std::printf("kb %-10s %-4s %9.1f %12.3f %8d %6.1f%% %8.1f   (rows of %lld keys, statistics a step ahead)\n",
+                r.mode.c_str(), r.dq.c_str(), r.us, r.step_us, r.products, 100.0 * r.tensor_share,
+                double(r.bytes) / kBytesPerMiB, (long long)kSpKeys);
+    results->push_back(r);
+  }
   return {};
 }
 

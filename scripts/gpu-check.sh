@@ -23,6 +23,7 @@
 #     PROFILE_LAUNCHES=3 scripts/gpu-check.sh    # each backward kernel's time and DRAM bytes, per revision
 #   STAGES="build crash" scripts/gpu-check.sh   # a native backtrace of one pytest test (CRASH_TEST) that crashes
 #   STAGES="micro" scripts/gpu-check.sh         # the products of a step by shape against cuBLAS (qksoftmax-wgmma)
+#   STAGES="build kernel-tests" scripts/gpu-check.sh   # kernels against each other (qksoftmax_kernel_tests)
 #
 # Needs .deps/ (scripts/deps.sh, run where there is network; carry it with the call).
 # shellcheck disable=SC2086
@@ -164,6 +165,19 @@ if has_stage build; then
   fi
 fi
 
+# stage kernel-tests: the kernel tests (qksoftmax_kernel_tests: kernels against each other through internal entry
+# points, e.g. the single pass with and without a dQ warpgroup), KERNEL_TESTS_FILTER of them, at most SMOKE_TIMEOUT_S.
+if has_stage kernel-tests; then
+  kernel_tests_bin=$(find $BUILD -name qksoftmax_kernel_tests -type f | head -1)
+  if [ -z "$kernel_tests_bin" ]; then
+    record kernel-tests FAIL "no qksoftmax_kernel_tests in $BUILD (a CUDA build with tests)"
+  elif BUDGET_S=$(within "$SMOKE_TIMEOUT_S") run_logged kernel-tests "$kernel_tests_bin" \
+         --gtest_filter="${KERNEL_TESTS_FILTER:-*}" --gtest_brief=1; then
+    record kernel-tests ok "$(last_line 'PASSED' "$LOGS/kernel-tests.log")"
+  else
+    record kernel-tests FAIL "$(last_line 'PASSED|FAILED' "$LOGS/kernel-tests.log") (see logs/kernel-tests.log)"
+  fi
+fi
 if has_stage smoke; then
   tests_bin=$(find $BUILD -name qksoftmax_tests -type f | head -1)
   BUDGET_S=$((SECONDS + SMOKE_TIMEOUT_S)) run_logged smoke "$tests_bin" --gtest_filter="$SMOKE_FILTER" --gtest_brief=1

@@ -10,6 +10,8 @@
 //                  the dQ partial of its turn in flight into the next step, then stored by TMA
 //                  (sp_mainloop.cuh).
 // No statistics pass, no workspace, no atomics: the sums run in a fixed order (deterministic by construction).
+// kDqWarpgroup (the step benchmark's second case; not dispatched): a fourth warpgroup owns the dQ product, so
+// that the consumers hold no dQ accumulator and have no turns (sp_dq.cuh; docs/DESIGN.md, "A dQ warpgroup").
 #pragma once
 
 #include "cuda/sm90/kb_config.h"
@@ -17,7 +19,7 @@
 
 namespace qksoftmax::cuda::sm90 {
 
-template <class Element_, int kHeadDim_>
+template <class Element_, int kHeadDim_, bool kDqWarpgroup_>
 struct SpConfig : KbConfig<Element_, kHeadDim_, false, true> {
   using Base = KbConfig<Element_, kHeadDim_, false, true>;
   using Element = Element_;
@@ -58,8 +60,23 @@ struct SpConfig : KbConfig<Element_, kHeadDim_, false, true> {
   static constexpr int kMaxSk = kBlockN;      // the keys one CTA holds
   // The statistics' partials are double-buffered by step parity (written a step ahead, read in the step).
   static constexpr int kStatBuffers = 2;
-  // The tile ring's readers: every consumer thread (no rows or dQ warp).
-  static constexpr int kTileReaders = kConsumerThreads;
+  // Roles and registers (setmaxnreg within the launch allocation, as KbConfig's): with a dQ warpgroup (warpgroup
+  // 3) the consumers hold no dQ accumulator (64 registers of their 240) and take 184, the dQ warpgroup 120.
+  static constexpr bool kDqWarpgroup = kDqWarpgroup_;
+  using Base::kWarpgroupThreads;
+  using Base::kProducerRegs;
+  static constexpr int kDqWarpgroupIndex = 1 + Base::kConsumers;
+  static constexpr int kThreads = kWarpgroupThreads * (kDqWarpgroupIndex + (kDqWarpgroup ? 1 : 0));
+  static constexpr int kLaunchRegs = 64 * 1024 / kThreads / 8 * 8;
+  static constexpr int kConsumerRegs = kDqWarpgroup ? 184 : Base::kConsumerRegs;
+  static constexpr int kDqRegs = 120;
+  static_assert(kWarpgroupThreads * (kProducerRegs + Base::kConsumers * kConsumerRegs + (kDqWarpgroup ? kDqRegs : 0)) <=
+                    kThreads * kLaunchRegs,
+                "the launch allocation holds the roles");
+  // The tile ring's readers: every consumer thread, and the dQ warpgroup's.
+  static constexpr int kTileReaders = kConsumerThreads + (kDqWarpgroup ? kWarpgroupThreads : 0);
+  // A K buffer's readers, each arriving once its last product of the tile is done.
+  static constexpr int kKReaders = kTileReaders;
 
   // K of two tiles (a tile is short: 2 steps per query head at Sq = 128), so that the next tile's K loads while
   // this one runs.
@@ -69,6 +86,16 @@ struct SpConfig : KbConfig<Element_, kHeadDim_, false, true> {
   using SmemLayoutKtB = decltype(composition(
       SmemLayoutKB{}, make_layout(Shape<HD, BN, KB>{}, Stride<BN, _1, Int<kBlockN * kHeadDim_>>{})));
 
+
+  using typename Base::SmemLayoutdQ;
+  // kDqWarpgroup: the dQ partial's staging buffer, and by dS buffer its dQ product done (every dQ warpgroup
+  // thread arriving), which the consumers await before they write the buffer two steps later.
+  struct DqWarpgroupStorage {
+    alignas(1024) cute::array<Element, cosize_v<SmemLayoutdQ>> stage;
+    alignas(8) uint64_t ds_empty[Base::kBuffers];
+  };
+  struct NoDqWarpgroupStorage {};
+  using DqStorage = std::conditional_t<kDqWarpgroup, DqWarpgroupStorage, NoDqWarpgroupStorage>;
 
   struct Storage {
     alignas(1024) cute::array<Element, cosize_v<SmemLayoutQ>> q;
@@ -85,14 +112,14 @@ struct SpConfig : KbConfig<Element_, kHeadDim_, false, true> {
     alignas(8) uint64_t k_full[kKBuffers];
     alignas(8) uint64_t k_empty[kKBuffers];
     alignas(8) uint64_t stats_full[kStatBuffers];  // a step's partials written by every consumer thread
+    DqStorage dq;
   };
   static constexpr int kSmemBytes = int(sizeof(Storage));
   static_assert(kSmemBytes <= kSm90SmemPerCta, "the single pass's shared memory exceeds a CTA's 227 KB");
 
   // The dQ partial of a step, rounded, staged by stmatrix in the step's dS buffer (free once the step's dQ
-  // product, its only reader, is complete; SmemLayoutdQ is one dS buffer's layout) and stored into dQ by one TMA:
-  // (rows, d, head, batch).
-  using typename Base::SmemLayoutdQ;
+  // product, its only reader, is complete; SmemLayoutdQ is one dS buffer's layout) or in the dQ warpgroup's buffer
+  // and stored into dQ by one TMA: (rows, d, head, batch).
   static_assert(cosize_v<SmemLayoutdQ> == cosize_v<SmemLayoutdS2> / Base::kBuffers,
                 "a dS buffer holds a dQ partial");
   using TmaStoredQ = decltype(make_tma_copy(
@@ -100,8 +127,11 @@ struct SpConfig : KbConfig<Element_, kHeadDim_, false, true> {
       make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), Shape<int32_t, HD, int32_t, int32_t>{},
                   Stride<int64_t, _1, int64_t, int64_t>{}),
       SmemLayoutdQ{}));
-  // Named barrier (after the dS barriers) by consumer: its 128 threads' stmatrix of the dQ partial done.
+  // Named barrier (after the dS barriers) by consumer: its 128 threads' stmatrix of the dQ partial done. With a dQ
+  // warpgroup, which stages every partial, its staging buffer written (+ 0) and free (+ 1).
   static constexpr uint32_t kDqStagedBarrier = 2;  // + consumer
+  // The dS barrier's threads: with a dQ warpgroup both consumers arrive and the dQ warpgroup syncs.
+  static constexpr int kDsBarrierThreads = kConsumerThreads + (kDqWarpgroup ? kWarpgroupThreads : 0);
   // By consumer, its 128 threads' dS written (its own dK product reads it); and both consumers' products of a
   // tile's last step done (its dQ partial is staged in the dS buffer that both dK products read).
   static constexpr uint32_t kDsOwnBarrier = 4;  // + consumer

@@ -1,14 +1,16 @@
 // The single pass's kernel (sp_config.h): the key-block pass's producer (one thread: the tiles and every TMA
-// load) and two consumer warpgroups that compute the row statistics themselves (sp_mainloop.cuh), with
-// setmaxnreg; the stage pipeline (CUTLASS PipelineTmaAsync), the tile ring (PipelineAsync), K's barriers and
-// the statistics barriers (one per step parity, every consumer thread arriving). Persistent: one CTA per SM,
-// or one per tile where there are fewer, its tiles dealt statically.
+// load), two consumer warpgroups that compute the row statistics themselves (sp_mainloop.cuh) and, with
+// kDqWarpgroup, a warpgroup that owns the dQ product (sp_dq.cuh), with setmaxnreg; the stage pipeline (CUTLASS
+// PipelineTmaAsync), the tile ring (PipelineAsync), K's barriers and the statistics barriers (one per step
+// parity, every consumer thread arriving). Persistent: one CTA per SM, or one per tile where there are fewer,
+// its tiles dealt statically.
 #pragma once
 
 #include <cutlass/arch/reg_reconfig.h>
 
 #include "cuda/sm90/kb_producer.cuh"
 #include "cuda/sm90/sp_config.h"
+#include "cuda/sm90/sp_dq.cuh"
 #include "cuda/sm90/sp_mainloop.cuh"
 
 namespace qksoftmax::cuda::sm90 {
@@ -44,10 +46,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   if (leader) {
     for (int b = 0; b < Cfg::kKBuffers; ++b) {
       Cfg::TxBarrier::init(&st.k_full[b], 1);
-      cutlass::arch::ClusterBarrier::init(&st.k_empty[b], Cfg::kConsumerThreads);
+      cutlass::arch::ClusterBarrier::init(&st.k_empty[b], Cfg::kKReaders);
     }
     for (int b = 0; b < Cfg::kStatBuffers; ++b) {
       cutlass::arch::ClusterBarrier::init(&st.stats_full[b], Cfg::kConsumerThreads);
+    }
+    if constexpr (Cfg::kDqWarpgroup) {
+      for (int b = 0; b < Cfg::kBuffers; ++b) cutlass::arch::ClusterBarrier::init(&st.dq.ds_empty[b], Cfg::kWarpgroupThreads);
     }
     cutlass::arch::fence_barrier_init();
   }
@@ -56,9 +61,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
     if (warp == Cfg::kLoadWarp && lane == 0) KbProducer<Cfg>{params, st}.run(stage_pipe);
-  } else {
+  } else if (warpgroup < Cfg::kDqWarpgroupIndex) {
     cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
     SpMainloop<Cfg>{params, st, warpgroup - 1}.run(stage_pipe);
+  } else if constexpr (Cfg::kDqWarpgroup) {
+    cutlass::arch::warpgroup_reg_dealloc<Cfg::kDqRegs>();
+    SpDqWarpgroup<Cfg>{params, st}.run();
   }
 }
 

@@ -13,13 +13,16 @@
 //   consumer's partials; dK awaited before the arrival on the statistics barrier (the dS buffer is then read no
 //   more by it); the stage released.
 // The two consumers meet once a step at the statistics (each needs the other's partials) and at the dS barrier
-// (the consumer of the dQ turn needs the other's dS).
+// (the consumer of the dQ turn needs the other's dS). With a dQ warpgroup (kDqWarpgroup, sp_dq.cuh) no step is a
+// consumer's turn: both arrive at the dS barrier, which that warpgroup syncs, and wait for its product of step
+// g − 2 before they write dS buffer g mod 2.
 #pragma once
 
 #include <cutlass/arch/barrier.h>
 
 #include "cuda/sm90/kb_epilogue.cuh"
 #include "cuda/sm90/sp_config.h"
+#include "cuda/sm90/sp_dq.cuh"
 #include "cuda/sm90/sp_stats.cuh"
 #include "cuda/sm90/trace.h"
 
@@ -39,7 +42,8 @@ struct SpMainloop {
 
   template <class StagePipeline>
   __device__ void run(StagePipeline& stage_pipe) {
-    constexpr int kDsBarrierThreads = Cfg::kConsumerThreads;
+    constexpr int kDsBarrierThreads = Cfg::kDsBarrierThreads;
+    constexpr bool kDqWarpgroup = Cfg::kDqWarpgroup;  // the dQ products are not the consumers'
     const Problem& prob = params.prob;
     const int tid = threadIdx.x % Cfg::kWarpgroupThreads;
     typename Cfg::Trace trace(w == 0 ? KbTraceRole::kConsumer0 : KbTraceRole::kConsumer1, tid < 32);
@@ -77,34 +81,14 @@ struct SpMainloop {
       cutlass::arch::ClusterBarrier::wait(&st.stats_full[g % Cfg::kStatBuffers], (g / Cfg::kStatBuffers) & 1);
     };
 
-    // The dQ partial of step (head, m0), complete, finished (KbFinish), rounded into the step's dS buffer `buf`
-    // (its readers, the dQ product and both consumers' dK products, are done) by stmatrix and stored into dQ by one
-    // TMA from this consumer's first thread; rows past Sq are clipped by TMA. That thread waits for the store's
-    // read of the buffer before it arrives at a later step's dS barrier: the buffer's next writers (both
-    // consumers, two steps on) pass that barrier first.
-    typename Cfg::CopydQ r2s_dq;
-    auto thr_r2s_dq = r2s_dq.get_thread_slice(tid);
-    const auto dq_addr = matrix_addresses(
-        thr_r2s_dq.partition_D(make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdQ{})));
-    constexpr uint32_t kDsBufferBytes = uint32_t(cosize_v<typename Cfg::SmemLayoutdQ> * sizeof(Element));
-    Tensor mdQ = params.tma_dq.get_tma_tensor(make_shape(int32_t(prob.Sq), HD{}, int32_t(prob.Hq), int32_t(prob.B)));
+    // The dQ partial of step (head, m0), complete, rounded into the step's dS buffer `buf` (its readers, the dQ
+    // product and both consumers' dK products, are done) and stored by TMA (SpDqStore). The storing thread waits
+    // for the store's read of the buffer before it arrives at a later step's dS barrier: the buffer's next writers
+    // (both consumers, two steps on) pass that barrier first.
+    const SpDqStore<Cfg> store{params, st.ds.data(), tid};
+    const auto dq_addr = store.addresses();  // (A, CPY_M, CPY_N) of dS buffer 0
     const auto store_dq = [&](const FragdQ& tdQrdQ, int buf, int64_t b, int64_t head, int64_t m0) {
-      with_kb_finish<Cfg>(prob, [&](auto finish) {
-        constexpr KbFinish kFinish = decltype(finish)::value;
-        Tensor out = make_fragment_like<Element>(tdQrdQ);  // (MMA, 1, 1)
-        CUTE_UNROLL
-        for (int i = 0; i < size(tdQrdQ); ++i) out(i) = Element(kb_finish<kFinish>(tdQrdQ(i), prob.scale));
-        store_matrices(dq_addr, uint32_t(buf) * kDsBufferBytes, thr_r2s_dq.retile_S(out));
-      });
-      cutlass::arch::fence_view_async_shared();  // dQ written by threads, read by TMA
-      cutlass::arch::NamedBarrier::sync(Cfg::kWarpgroupThreads, Cfg::kDqStagedBarrier + w);
-      if (tid == 0) {
-        Tensor sdQ = make_tensor(make_smem_ptr(st.ds.data() + buf * cosize_v<typename Cfg::SmemLayoutdQ>),
-                                 typename Cfg::SmemLayoutdQ{});                                       // (BM, D)
-        Tensor gdQ = local_tile(mdQ(_, _, head, b), Shape<BM, HD>{}, make_coord(int(m0 / kBlockM), 0));  // (BM, D)
-        tma_store_tile(params.tma_dq, sdQ, gdQ);
-        tma_store_arrive();
-      }
+      store(tdQrdQ, dq_addr, buf, Cfg::kDqStagedBarrier + w, b, head, m0);
     };
 
     // The dQ partial = dS K over both consumers' dS in dS buffer `buf` and K buffer kbuf, one wgmma batch.
@@ -150,7 +134,7 @@ struct SpMainloop {
       // In flight at the top of a step: at most the dQ product of the previous step, where it was this consumer's.
       for (int t = 0; t < work.steps; ++t, ++g) {
         const int stage = stage_state.index(), buf = g % kBuffers;
-        const bool turn = buf == w;  // the dQ product of step g
+        const bool turn = !kDqWarpgroup && buf == w;  // the dQ product of step g
         const int64_t head = at.head;
         const int64_t m0 = int64_t(at.block) * kBlockM;
         work.advance(at);
@@ -166,7 +150,7 @@ struct SpMainloop {
           if (ahead) stage_pipe.consumer_wait(next_state);
           stats.issue_s(ahead ? next_state.index() : stage, k_use.buffer, tSrS);
         };
-        if (t > 0 && !turn) {
+        if (!kDqWarpgroup && t > 0 && !turn) {
           stats_wait(g);
           trace.mark(SpTracePhase::kStatsWait);
           warpgroup_wait<0>();
@@ -191,10 +175,15 @@ struct SpMainloop {
         // staged in it at step g − 1: the dQ product awaited by its consumer at step g − 1's top, the store's read
         // by that consumer's first thread before its arrival at step g − 1's dS barrier (which the other consumer
         // passes), both consumers' dK products of step g − 2 before their statistics' arrivals in that step.
+        // With a dQ warpgroup, its product of step g − 2 is what the buffer waits for.
+        if constexpr (kDqWarpgroup) {
+          if (g >= kBuffers) cutlass::arch::ClusterBarrier::wait(&st.dq.ds_empty[buf], (g / kBuffers - 1) & 1);
+        }
         stats.store_ds(tSrdS, ds_addr, buf);
         cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
         if (!turn) {
-          if (tid == 0) tma_store_wait<0>();  // the previous step's dQ store has read its dS buffer (store_dq)
+          // The previous step's dQ store has read its dS buffer (store_dq).
+          if (!kDqWarpgroup && tid == 0) tma_store_wait<0>();
           cutlass::arch::NamedBarrier::arrive(kDsBarrierThreads, Cfg::kDsBarrier + buf);
         }
         cutlass::arch::NamedBarrier::sync(Cfg::kWarpgroupThreads, Cfg::kDsOwnBarrier + w);
@@ -241,10 +230,12 @@ struct SpMainloop {
       // are done.
       warpgroup_fence_operand(tdKrdK);
       warpgroup_wait<0>();
-      warpgroup_fence_operand(tdQrdQ_flight);
+      if constexpr (!kDqWarpgroup) warpgroup_fence_operand(tdQrdQ_flight);
       if (work.steps > 0) {
-        cutlass::arch::NamedBarrier::sync(kDsBarrierThreads, Cfg::kTileEndBarrier);
-        if ((g - 1) % kBuffers == w) store_dq(tdQrdQ_flight, dq_buf, work.b, dq_head, dq_m0);
+        if constexpr (!kDqWarpgroup) {
+          cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kTileEndBarrier);
+          if ((g - 1) % kBuffers == w) store_dq(tdQrdQ_flight, dq_buf, work.b, dq_head, dq_m0);
+        }
         cutlass::arch::ClusterBarrier::arrive(&st.k_empty[k_use.buffer]);
       }
       kb_store_dk<Cfg>(params, w, tdKrdK, thr_dk.partition_C(make_identity_tensor(Shape<HF, HD>{})), work);

@@ -1,0 +1,92 @@
+// The single pass in each of its forms (src/cuda/sm90/sp_config.h): as dispatched, the consumers owning the dQ
+// products in turns, and with a dQ warpgroup: each against the CPU backend, and against each other bit for bit
+// (the same products over the same operands in the same order). The kernels are called through their internal
+// entry point (sp_variants.cu), with the Problem built here from the test's tensors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include "cuda_util.h"
+#include "sp_variants.h"
+#include "test_util.h"
+
+namespace qksoftmax::test {
+namespace {
+
+Operand operand(const TensorDesc& t) { return {t.data, t.stride[0], t.stride[1], t.stride[2], t.stride[3]}; }
+
+// The Problem of a recompute backward of case c on the given device tensors.
+Problem sp_problem(const Case& c, const TensorDesc& q, const TensorDesc& k, const TensorDesc& dp,
+                   const TensorDesc& dq, const TensorDesc& dk) {
+  Problem prob;
+  prob.pass = Pass::kBackward;
+  prob.B = c.B, prob.Hq = c.Hq, prob.Hk = c.Hk, prob.Sq = c.Sq, prob.Sk = c.Sk, prob.D = c.D;
+  prob.dtype = c.dtype;
+  prob.device = Device::kCUDA;
+  int device = 0;
+  EXPECT_EQ(cudaGetDevice(&device), cudaSuccess);
+  prob.device_index = device;
+  prob.mask = c.mask;
+  prob.mode = BackwardMode::kRecompute;
+  prob.scale = float(c.scale.value_or(1.0 / std::sqrt(double(c.D))));
+  prob.scale_f64 = c.scale.value_or(1.0 / std::sqrt(double(c.D)));
+  prob.q = operand(q), prob.k = operand(k), prob.dp = operand(dp), prob.dq = operand(dq), prob.dk = operand(dk);
+  return prob;
+}
+
+class GpuSpVariants : public GpuTest, public ::testing::WithParamInterface<Case> {};
+
+TEST_P(GpuSpVariants, BitwiseEqual) {
+  const Case& c = GetParam();
+  const Inputs in = make_inputs(c, test_seed());
+  constexpr SpForm kForms[] = {SpForm::kDispatched, SpForm::kDqWarpgroup};
+  constexpr const char* kNames[] = {"as dispatched", "dQ warpgroup"};
+  const Stream stream;
+  DeviceTensor q(in.q), k(in.k), dp(in.dp);
+  std::vector<Outputs> outs;
+  outs.reserve(std::size(kForms));
+  for (int f = 0; f < int(std::size(kForms)); ++f) {
+    Outputs& out = outs.emplace_back(c, c.dtype, c.output_layout());
+    DeviceTensor dq(out.dq), dk(out.dk);
+    dq.poison();
+    dk.poison();
+    const Status run = run_sp_variant(sp_problem(c, q.desc(), k.desc(), dp.desc(), dq.desc(), dk.desc()), kForms[f],
+                                      stream.get());
+    ASSERT_TRUE(run.ok()) << kNames[f] << ": " << run.message();
+    ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess) << kNames[f];
+    for (auto [from, to] : {std::pair{&dq, &out.dq}, {&dk, &out.dk}}) {
+      const Status s = from->download(*to);
+      ASSERT_TRUE(s.ok()) << s.message();
+    }
+  }
+  // Each against the CPU backend on fp32 copies (test_cuda.cpp's reference), then against the first bit for bit.
+  Outputs ref(c, DType::kFloat32, Layout::kContiguous);
+  const Status s = cpu_run(c, in.converted(DType::kFloat32), ref);
+  ASSERT_TRUE(s.ok()) << "CPU reference: " << s.message();
+  const double tolerance = accuracy::bound(c.dtype);
+  for (int f = 0; f < int(outs.size()); ++f) {
+    SCOPED_TRACE(kNames[f]);
+    expect_gradient_close(c, "dq", outs[f].dq, ref.dq.values(), tolerance);
+    expect_gradient_close(c, "dk", outs[f].dk, ref.dk.values(), tolerance);
+    EXPECT_TRUE(bitwise_equal(outs[0].dq, outs[f].dq)) << "dq";
+    EXPECT_TRUE(bitwise_equal(outs[0].dk, outs[f].dk)) << "dk";
+  }
+}
+
+// Tiles of 1, 2 and 16 steps, more tiles than SMs, grouped query heads, cut blocks (causal, keys past Sk, rows
+// past Sq).
+std::vector<Case> variant_cases() {
+  const int64_t wide = small_shapes() ? 40 : 150;
+  return {{.B = 2, .Hq = wide, .Hk = wide, .Sq = 128, .Sk = 128, .D = 128},
+          {.B = 2, .Hq = wide, .Hk = wide, .Sq = 64, .Sk = 64, .D = 128, .mask = Mask::kNone},
+          {.B = 2, .Hq = 8, .Hk = 1, .Sq = 128, .Sk = 128, .D = 128},
+          {.B = 1, .Hq = 2, .Hk = 1, .Sq = 1000, .Sk = 120, .D = 128},
+          {.B = 1, .Hq = 2, .Hk = 2, .Sq = 40, .Sk = 96, .D = 128, .mask = Mask::kNone}};
+}
+
+INSTANTIATE_TEST_SUITE_P(Edges, GpuSpVariants, ::testing::ValuesIn(variant_cases()), param_name);
+
+}  // namespace
+}  // namespace qksoftmax::test

@@ -75,13 +75,15 @@ TEST_P(GpuSpVariants, BitwiseEqual) {
   }
 }
 
-// Tiles of 1, 2 and 16 steps, more tiles than SMs, grouped query heads, cut blocks (causal, keys past Sk, rows
-// past Sq).
+// Tiles of 1, 2 and 16 steps, more tiles than SMs (and 768 tiles of 2 steps: 5 or more per CTA on 132 SMs, so
+// that each K buffer is loaded at least twice and its barriers' both phases reused), grouped query heads, cut
+// blocks (causal, keys past Sk, rows past Sq).
 std::vector<Case> variant_cases() {
   const int64_t wide = small_shapes() ? 40 : 150;
   return {{.B = 2, .Hq = wide, .Hk = wide, .Sq = 128, .Sk = 128, .D = 128},
           {.B = 2, .Hq = wide, .Hk = wide, .Sq = 64, .Sk = 64, .D = 128, .mask = Mask::kNone},
           {.B = 2, .Hq = 8, .Hk = 1, .Sq = 128, .Sk = 128, .D = 128},
+          {.B = 8, .Hq = 96, .Hk = 96, .Sq = 128, .Sk = 128, .D = 128},
           {.B = 1, .Hq = 2, .Hk = 1, .Sq = 1000, .Sk = 120, .D = 128},
           {.B = 1, .Hq = 2, .Hk = 2, .Sq = 40, .Sk = 96, .D = 128, .mask = Mask::kNone}};
 }

@@ -31,12 +31,10 @@ struct SpConfig : KbConfig<Element_, kHeadDim_, false, true> {
   using typename Base::SmemLayoutP;
   using typename Base::SmemLayoutdS2;
   using typename Base::StagePipeline;
-  using typename Base::TilePipeline;
   using typename Base::Loads;
   using typename Base::TileOrder;
   using Base::kBlockM;
   using Base::kBlockN;
-  using Base::kTileSlots;
   using Base::kConsumerThreads;
 
   static_assert(kBlockM == kSpBlockM, "dispatch.cu counts the single pass's steps by sm90_instances.h's kSpBlockM");
@@ -61,7 +59,9 @@ struct SpConfig : KbConfig<Element_, kHeadDim_, false, true> {
   // The statistics' partials are double-buffered by step parity (written a step ahead, read in the step).
   static constexpr int kStatBuffers = 2;
   // Roles and registers (setmaxnreg within the launch allocation, as KbConfig's): with a dQ warpgroup (warpgroup
-  // 3) the consumers hold no dQ accumulator (64 registers of their 240) and take 184, the dQ warpgroup 120.
+  // 3) the consumers hold no dQ accumulator (64 registers of their 240) and take 184, the dQ warpgroup 120 (its
+  // code uses 88; at 88 ptxas ignores every setmaxnreg of the kernel, C7507; 192 / 104 spills in the step
+  // benchmark's traced form).
   static constexpr bool kDqWarpgroup = kDqWarpgroup_;
   using Base::kWarpgroupThreads;
   using Base::kProducerRegs;
@@ -73,8 +73,12 @@ struct SpConfig : KbConfig<Element_, kHeadDim_, false, true> {
   static_assert(kWarpgroupThreads * (kProducerRegs + Base::kConsumers * kConsumerRegs + (kDqWarpgroup ? kDqRegs : 0)) <=
                     kThreads * kLaunchRegs,
                 "the launch allocation holds the roles");
-  // The tile ring's readers: every consumer thread, and the dQ warpgroup's.
+  // The tile ring's readers: every consumer thread, and the dQ warpgroup's, which runs up to two steps and a dQ
+  // store behind the consumers: twice the key-block pass's slots (kb_config.h; a power of two, so that a slot's
+  // index and phase are a mask and a shift) so that the load thread does not wait for it on tiles of one step.
   static constexpr int kTileReaders = kConsumerThreads + (kDqWarpgroup ? kWarpgroupThreads : 0);
+  static constexpr int kTileSlots = Base::kTileSlots * (kDqWarpgroup ? 2 : 1);
+  using TilePipeline = cutlass::PipelineAsync<kTileSlots>;
   // A K buffer's readers, each arriving once its last product of the tile is done.
   static constexpr int kKReaders = kTileReaders;
 
@@ -136,6 +140,9 @@ struct SpConfig : KbConfig<Element_, kHeadDim_, false, true> {
   // tile's last step done (its dQ partial is staged in the dS buffer that both dK products read).
   static constexpr uint32_t kDsOwnBarrier = 4;  // + consumer
   static constexpr uint32_t kTileEndBarrier = 6;
+  static_assert(kTileEndBarrier + cutlass::arch::NamedBarrier::ReservedNamedBarrierCount <
+                    cutlass::arch::NamedBarrier::HardwareMaxNumNamedBarriers,
+                "the named barriers fit the hardware's 16 after CUTLASS's reserved ones");
 
   struct Params {
     Problem prob;

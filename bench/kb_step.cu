@@ -220,6 +220,9 @@ constexpr const char* kSpConsumerPhases[] = {"stats wait", "combine",   "dS",   
                                              "issue dK",   "dS barrier", "issue dQ",  "wait S",    "store dQ",
                                              "statistics", "wait dK",    "tile start", "tile end"};
 static_assert(int(std::size(kSpConsumerPhases)) == int(SpTracePhase::kCount), "a name per phase");
+using qksoftmax::cuda::sm90::SpDqTracePhase;
+constexpr const char* kSpDqPhases[] = {"dS wait", "product", "stage free", "store", "tile end"};
+static_assert(int(std::size(kSpDqPhases)) == int(SpDqTracePhase::kCount), "a name per phase");
 static_assert(Sp::kMaxSk == kSpKeys && Sp::kBlockM == kKbBlockM, "the single pass's step is the key-block step");
 
 template <class Cfg>
@@ -278,6 +281,12 @@ Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool trace, KbSt
     QKB_TRY(read_trace(stream, &c));
     print_consumer_trace(c, int(KbTraceRole::kConsumer0), int(KbTraceRole::kConsumer1), kSpConsumerPhases,
                          int(SpTracePhase::kCount), total_steps);
+    if constexpr (Cfg::kDqWarpgroup) {
+      for (int ph = 0; ph < int(SpDqTracePhase::kCount); ++ph) {
+        std::printf("  dq warpgroup %-12s %7.0f\n", kSpDqPhases[ph],
+                    c.per_step(int(KbTraceRole::kDq), ph, total_steps));
+      }
+    }
   }
   return {};
 }

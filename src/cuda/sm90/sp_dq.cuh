@@ -14,6 +14,7 @@
 
 #include "cuda/sm90/kb_epilogue.cuh"
 #include "cuda/sm90/sp_config.h"
+#include "cuda/sm90/trace.h"
 
 namespace qksoftmax::cuda::sm90 {
 
@@ -77,6 +78,7 @@ struct SpDqWarpgroup {
 
   __device__ void run() {
     const int tid = threadIdx.x % Cfg::kWarpgroupThreads;
+    typename Cfg::Trace trace(KbTraceRole::kDq, tid < 32);
     Tensor sdS = make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdS2{});   // (BM, BN, DB)
     Tensor sKt = make_tensor(make_smem_ptr(st.k.data()), typename Cfg::SmemLayoutKtB{});    // (D, BN, KB)
     typename Cfg::MmadQ mma_dq;
@@ -103,6 +105,7 @@ struct SpDqWarpgroup {
         const int64_t m0 = int64_t(at.block) * kBlockM;
         work.advance(at);
         cutlass::arch::NamedBarrier::sync(Cfg::kDsBarrierThreads, Cfg::kDsBarrier + buf);  // both consumers' dS
+        trace.mark(SpDqTracePhase::kDsWait);
         typename SpDqStore<Cfg>::FragdQ tdQrdQ;  // (MMA, 1, 1) fp32
         warpgroup_arrive();
         mma_dq.accumulate_ = GMMA::ScaleOut::Zero;
@@ -115,12 +118,16 @@ struct SpDqWarpgroup {
         warpgroup_wait<0>();
         warpgroup_fence_operand(tdQrdQ);
         cutlass::arch::ClusterBarrier::arrive(&st.dq.ds_empty[buf]);  // this thread's part of the product read it
+        trace.mark(SpDqTracePhase::kProduct);
         // The staging tile is free once the previous partial's store has read it.
         if (tid == 0) tma_store_wait<0>();
         cutlass::arch::NamedBarrier::sync(Cfg::kWarpgroupThreads, Cfg::kDqStagedBarrier + 1);
+        trace.mark(SpDqTracePhase::kStageFree);
         store(tdQrdQ, dq_addr, 0, Cfg::kDqStagedBarrier, work.b, head, m0);
+        trace.mark(SpDqTracePhase::kStore);
       }
       if (work.steps > 0) cutlass::arch::ClusterBarrier::arrive(&st.k_empty[k_use.buffer]);  // its last product done
+      trace.mark(SpDqTracePhase::kTileEnd);
     }
     if (tid == 0) tma_store_wait<0>();  // the last dQ store reads shared memory until it completes
   }

@@ -52,7 +52,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
       cutlass::arch::ClusterBarrier::init(&st.stats_full[b], Cfg::kConsumerThreads);
     }
     if constexpr (Cfg::kDqWarpgroup) {
-      for (int b = 0; b < Cfg::kBuffers; ++b) cutlass::arch::ClusterBarrier::init(&st.dq.ds_empty[b], Cfg::kWarpgroupThreads);
+      for (int b = 0; b < Cfg::kBuffers; ++b) {
+        cutlass::arch::ClusterBarrier::init(&st.dq.ds_empty[b], Cfg::kWarpgroupThreads);
+      }
     }
     cutlass::arch::fence_barrier_init();
   }

@@ -192,7 +192,9 @@ struct SpMainloop {
         // product: both run under the statistics.
         warpgroup_arrive();
         CUTE_UNROLL
-        for (int kb = 0; kb < size<2>(tdKsdS); ++kb) gemm(mma_dk, tdKsdS(_, _, kb, buf), tdKsQ(_, _, kb, stage), tdKrdK);
+        for (int kb = 0; kb < size<2>(tdKsdS); ++kb) {
+          gemm(mma_dk, tdKsdS(_, _, kb, buf), tdKsQ(_, _, kb, stage), tdKrdK);
+        }
         warpgroup_commit_batch();
         trace.mark(SpTracePhase::kIssueDk);
         // Then S(t + 1) awaited (dK and, on turn, dQ in flight), each wait in the branch of its products so that

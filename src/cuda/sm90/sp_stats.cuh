@@ -63,11 +63,13 @@ struct SpStats {
   static_assert(cosize_v<typename Cfg::SmemLayoutdS2> == 2 * Cfg::kBlockM * Cfg::kBlockN, "dS buffers are whole tiles");
   __device__ auto dp_addresses() const {
     Tensor sdP = make_tensor(make_smem_ptr(st.dp.data()), typename Cfg::SmemLayoutP{});  // (BM, BN, ST)
-    return matrix_addresses(typename Cfg::CopydP{}.get_thread_slice(tid).partition_S(Cfg::consumer_cols(sdP(_, _, 0), w)));
+    const auto thr = typename Cfg::CopydP{}.get_thread_slice(tid);
+    return matrix_addresses(thr.partition_S(Cfg::consumer_cols(sdP(_, _, 0), w)));
   }
   __device__ auto ds_addresses() const {
     Tensor sdS = make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdS2{});  // (BM, BN, DB)
-    return matrix_addresses(typename Cfg::CopydS{}.get_thread_slice(tid).partition_D(Cfg::consumer_cols(sdS(_, _, 0), w)));
+    const auto thr = typename Cfg::CopydS{}.get_thread_slice(tid);
+    return matrix_addresses(thr.partition_D(Cfg::consumer_cols(sdS(_, _, 0), w)));
   }
 
   // S of the step in stage `stage` against K buffer kbuf into acc, one wgmma batch.
@@ -76,7 +78,8 @@ struct SpStats {
     Tensor sQ = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQ{});   // (BM, D, ST)
     Tensor sK = make_tensor(make_smem_ptr(st.k.data()), typename Cfg::SmemLayoutKB{});  // (BN, D, KB)
     const Tensor tSsQ = thr.partition_fragment_A(sQ);                                     // (MMA, 1, D/16, ST)
-    const Tensor tSsK = thr.partition_fragment_B(local_tile(sK, Shape<HF, HD, KB>{}, make_coord(w, 0, 0)));  // (MMA, 1, D/16, KB)
+    const Tensor tSsK =
+        thr.partition_fragment_B(local_tile(sK, Shape<HF, HD, KB>{}, make_coord(w, 0, 0)));  // (MMA, 1, D/16, KB)
     warpgroup_fence_operand(acc);
     warpgroup_arrive();
     mma_s.accumulate_ = GMMA::ScaleOut::Zero;

@@ -89,6 +89,15 @@ enum class SpTracePhase : int {
   kCount
 };
 static_assert(int(SpTracePhase::kCount) <= int(KbTracePhase::kCount), "a trace holds the key-block pass's phases");
+// The single pass's dQ warpgroup (sp_dq.cuh; KbTraceRole's kDq), in the order of a step.
+enum class SpDqTracePhase : int {
+  kDsWait,     // both consumers' dS of the step written
+  kProduct,    // the dQ product issued and done, the dS buffer freed
+  kStageFree,  // the previous partial's store has read the staging buffer
+  kStore,      // the partial staged and its store issued
+  kTileEnd,    // per tile: the K buffer handed back, the next tile read from the ring and its K awaited
+  kCount
+};
 
 struct NoTrace {
   template <class Role>

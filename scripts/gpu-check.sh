@@ -166,7 +166,8 @@ if has_stage build; then
 fi
 
 # stage kernel-tests: the kernel tests (qksoftmax_kernel_tests: kernels against each other through internal entry
-# points, e.g. the single pass with and without a dQ warpgroup), KERNEL_TESTS_FILTER of them, at most SMOKE_TIMEOUT_S.
+# points, e.g. the single pass with and without a dQ warpgroup), KERNEL_TESTS_FILTER of them, at most
+# SMOKE_TIMEOUT_S.
 if has_stage kernel-tests; then
   kernel_tests_bin=$(find $BUILD -name qksoftmax_kernel_tests -type f | head -1)
   if [ -z "$kernel_tests_bin" ]; then

@@ -107,16 +107,8 @@ struct SpDqWarpgroup {
         cutlass::arch::NamedBarrier::sync(Cfg::kDsBarrierThreads, Cfg::kDsBarrier + buf);  // both consumers' dS
         trace.mark(SpDqTracePhase::kDsWait);
         typename SpDqStore<Cfg>::FragdQ tdQrdQ;  // (MMA, 1, 1) fp32
-        warpgroup_arrive();
-        mma_dq.accumulate_ = GMMA::ScaleOut::Zero;
-        CUTE_UNROLL
-        for (int kb = 0; kb < size<2>(tdQrK); ++kb) {
-          gemm(mma_dq, tdQrdS(_, _, kb, buf), tdQrK(_, _, kb, k_use.buffer), tdQrdQ);
-          mma_dq.accumulate_ = GMMA::ScaleOut::One;
-        }
-        warpgroup_commit_batch();
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tdQrdQ);
+        warpgroup_mma<size<2>(decltype(tdQrK.layout()){}), true>(mma_dq, tdQrdS(_, _, _, buf),
+                                                                 tdQrK(_, _, _, k_use.buffer), tdQrdQ);
         cutlass::arch::ClusterBarrier::arrive(&st.dq.ds_empty[buf]);  // this thread's part of the product read it
         trace.mark(SpDqTracePhase::kProduct);
         // The staging tile is free once the previous partial's store has read it.

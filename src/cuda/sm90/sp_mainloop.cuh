@@ -42,7 +42,6 @@ struct SpMainloop {
 
   template <class StagePipeline>
   __device__ void run(StagePipeline& stage_pipe) {
-    constexpr int kDsBarrierThreads = Cfg::kDsBarrierThreads;
     constexpr bool kDqWarpgroup = Cfg::kDqWarpgroup;  // the dQ products are not the consumers'
     const Problem& prob = params.prob;
     const int tid = threadIdx.x % Cfg::kWarpgroupThreads;
@@ -93,14 +92,8 @@ struct SpMainloop {
 
     // The dQ partial = dS K over both consumers' dS in dS buffer `buf` and K buffer kbuf, one wgmma batch.
     const auto issue_dq = [&](int buf, int kbuf, FragdQ& acc) {
-      warpgroup_arrive();
-      mma_dq.accumulate_ = GMMA::ScaleOut::Zero;
-      CUTE_UNROLL
-      for (int kb = 0; kb < size<2>(tdQrK); ++kb) {
-        gemm(mma_dq, tdQrdS(_, _, kb, buf), tdQrK(_, _, kb, kbuf), acc);
-        mma_dq.accumulate_ = GMMA::ScaleOut::One;
-      }
-      warpgroup_commit_batch();
+      warpgroup_mma<size<2>(decltype(tdQrK.layout()){}), true, false>(mma_dq, tdQrdS(_, _, _, buf),
+                                                                      tdQrK(_, _, _, kbuf), acc);
     };
 
     // The dQ product of a turn stays in flight under the statistics and is staged at the next step's start, once
@@ -184,23 +177,19 @@ struct SpMainloop {
         if (!turn) {
           // The previous step's dQ store has read its dS buffer (store_dq).
           if (!kDqWarpgroup && tid == 0) tma_store_wait<0>();
-          cutlass::arch::NamedBarrier::arrive(kDsBarrierThreads, Cfg::kDsBarrier + buf);
+          cutlass::arch::NamedBarrier::arrive(Cfg::kDsBarrierThreads, Cfg::kDsBarrier + buf);
         }
         cutlass::arch::NamedBarrier::sync(Cfg::kWarpgroupThreads, Cfg::kDsOwnBarrier + w);
         trace.mark(SpTracePhase::kStoreDs);
         // dK += dSᵀ Q (this consumer's dS alone), then on its turn, once the other's dS is written, the dQ
         // product: both run under the statistics.
-        warpgroup_arrive();
-        CUTE_UNROLL
-        for (int kb = 0; kb < size<2>(tdKsdS); ++kb) {
-          gemm(mma_dk, tdKsdS(_, _, kb, buf), tdKsQ(_, _, kb, stage), tdKrdK);
-        }
-        warpgroup_commit_batch();
+        warpgroup_mma<size<2>(decltype(tdKsdS.layout()){}), false, false>(mma_dk, tdKsdS(_, _, _, buf),
+                                                                          tdKsQ(_, _, _, stage), tdKrdK);
         trace.mark(SpTracePhase::kIssueDk);
         // Then S(t + 1) awaited (dK and, on turn, dQ in flight), each wait in the branch of its products so that
         // ptxas sees which accumulator it frees.
         if (turn) {
-          cutlass::arch::NamedBarrier::sync(kDsBarrierThreads, Cfg::kDsBarrier + buf);
+          cutlass::arch::NamedBarrier::sync(Cfg::kDsBarrierThreads, Cfg::kDsBarrier + buf);
           trace.mark(SpTracePhase::kDsBarrier);
           issue_dq(buf, k_use.buffer, tdQrdQ_flight);
           dq_head = head;

@@ -13,7 +13,6 @@
 
 #include <cuda_fp16.h>
 
-#include "cuda/sm90/cluster_exchange.cuh"
 #include "cuda/sm90/sp_config.h"
 
 namespace qksoftmax::cuda::sm90 {
@@ -80,15 +79,8 @@ struct SpStats {
     const Tensor tSsQ = thr.partition_fragment_A(sQ);                                     // (MMA, 1, D/16, ST)
     const Tensor tSsK =
         thr.partition_fragment_B(local_tile(sK, Shape<HF, HD, KB>{}, make_coord(w, 0, 0)));  // (MMA, 1, D/16, KB)
-    warpgroup_fence_operand(acc);
-    warpgroup_arrive();
-    mma_s.accumulate_ = GMMA::ScaleOut::Zero;
-    CUTE_UNROLL
-    for (int kb = 0; kb < size<2>(tSsQ); ++kb) {
-      gemm(mma_s, tSsQ(_, _, kb, stage), tSsK(_, _, kb, kbuf), acc);
-      mma_s.accumulate_ = GMMA::ScaleOut::One;
-    }
-    warpgroup_commit_batch();
+    warpgroup_mma<size<2>(decltype(tSsQ.layout()){}), true, false>(mma_s, tSsQ(_, _, _, stage), tSsK(_, _, _, kbuf),
+                                                                  acc);
   }
 
   // The statistics a step ahead, from S in tSrS (overwritten) and dP of stage `stage`: step g's P_c, dP and this

@@ -201,29 +201,23 @@ Result run_case(const MicroRun& micro, const KbStepShape& s, const KbBuffers& b,
   return {};
 }
 
-// The single pass on the key-block machinery (src/cuda/sm90/sp_config.h): the same step with the row
-// statistics computed a step ahead instead of read, on rows of kSpKeys keys, so that one CTA holds a row. As
-// many key heads as the key-block cases have CTAs, one CTA each, kKbGroup query heads per key head of kKbRows
-// rows: the same 64 steps per CTA. Q, dP and dQ are one block of rows read (written) by every query head (head
-// stride one row, as kb_step.h's Q and dP): the dQ stores of different CTAs land on the same rows, which only
-// a timing may do. dP ~ N(0, 1), so that dS is not zero.
+// The pingpong single pass (src/cuda/sm90/sp_pp_config.h): the same step with the row statistics computed in the
+// pass instead of read, on rows of kSpKeys keys, so that one CTA holds a row, each consumer warpgroup every
+// other row block. As many key heads as the key-block cases have CTAs, one CTA each, kKbGroup query heads per key
+// head of kKbRows rows: the same 64 steps per CTA. Q, dP and dQ are one block of rows read (written) by every
+// query head (head stride one row, as kb_step.h's Q and dP): the dQ stores of different CTAs land on the same
+// rows, which only a timing may do. dP ~ N(0, 1), so that dS is not zero.
 constexpr int64_t kSpKeys = 128;
-// As dispatched, and with a dQ warpgroup (sp_config.h's kDqWarpgroup; not dispatched).
-using Sp = qksoftmax::cuda::sm90::SpConfig<Element, int(kKbHeadDim)>;
-using SpDq = qksoftmax::cuda::sm90::SpConfig<Element, int(kKbHeadDim), true>;
+using Sp = qksoftmax::cuda::sm90::SpPpConfig<Element, int(kKbHeadDim)>;
 template <class Cfg>
 struct TracedSp : Cfg {
   using Trace = PhaseTrace;
 };
-using qksoftmax::cuda::sm90::SpTracePhase;
-constexpr const char* kSpConsumerPhases[] = {"stats wait", "combine",   "dS",         "dS store",  "issue S",
-                                             "issue dK",   "dS barrier", "issue dQ",  "wait S",    "store dQ",
-                                             "statistics", "wait dK",    "tile start", "tile end"};
-static_assert(int(std::size(kSpConsumerPhases)) == int(SpTracePhase::kCount), "a name per phase");
-using qksoftmax::cuda::sm90::SpDqTracePhase;
-constexpr const char* kSpDqPhases[] = {"dS wait", "product", "stage free", "store", "tile end"};
-static_assert(int(std::size(kSpDqPhases)) == int(SpDqTracePhase::kCount), "a name per phase");
-static_assert(Sp::kMaxSk == kSpKeys && Sp::kBlockM == kKbBlockM, "the single pass's step is the key-block step");
+using qksoftmax::cuda::sm90::PpTracePhase;
+constexpr const char* kSpConsumerPhases[] = {"wait S dP", "softmax",    "dS free",    "dS store", "turn wait",
+                                             "issue",     "wait dK dQ", "store dQ",   "tile start", "tile end"};
+static_assert(int(std::size(kSpConsumerPhases)) == int(PpTracePhase::kCount), "a name per phase");
+static_assert(Sp::kMaxSk == kSpKeys && Sp::kBlockM == kKbBlockM, "the single pass's block is the key-block step");
 
 template <class Cfg>
 Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool trace, KbStepResult* out) {
@@ -264,7 +258,7 @@ Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool trace, KbSt
   }, &us));
   const double total_steps = double(s.ctas) * double(s.steps_per_cta);
   const double active_sms = double(std::min<int64_t>(s.ctas, micro.info.sms));
-  out->mode = Cfg::kDqWarpgroup ? "single_pass_dqwg" : "single_pass";
+  out->mode = "single_pass";
   out->dq = "bf16";
   out->products = kProductsRecompute;
   out->bytes = int64_t(q.bytes() + dq.bytes() + dp.bytes() + k.bytes() + dk.bytes());
@@ -280,13 +274,7 @@ Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool trace, KbSt
     PhaseCycles c;
     QKB_TRY(read_trace(stream, &c));
     print_consumer_trace(c, int(KbTraceRole::kConsumer0), int(KbTraceRole::kConsumer1), kSpConsumerPhases,
-                         int(SpTracePhase::kCount), total_steps);
-    if constexpr (Cfg::kDqWarpgroup) {
-      for (int ph = 0; ph < int(SpDqTracePhase::kCount); ++ph) {
-        std::printf("  dq warpgroup %-12s %7.0f\n", kSpDqPhases[ph],
-                    c.per_step(int(KbTraceRole::kDq), ph, total_steps));
-      }
-    }
+                         int(PpTracePhase::kCount), total_steps);
   }
   return {};
 }
@@ -316,10 +304,10 @@ Result run_kb_steps(const MicroRun& micro, bool trace, KbStepShape* shape, std::
       results->push_back(r);
     }
   }
-  for (bool dq_warpgroup : {false, true}) {
+  {
     KbStepResult r;
-    QKB_TRY(dq_warpgroup ? run_sp_case<SpDq>(micro, s, trace, &r) : run_sp_case<Sp>(micro, s, trace, &r));
-    std::printf("kb %-10s %-4s %9.1f %12.3f %8d %6.1f%% %8.1f   (rows of %lld keys, statistics a step ahead)\n",
+    QKB_TRY(run_sp_case<Sp>(micro, s, trace, &r));
+    std::printf("kb %-10s %-4s %9.1f %12.3f %8d %6.1f%% %8.1f   (rows of %lld keys, pingpong)\n",
                 r.mode.c_str(), r.dq.c_str(), r.us, r.step_us, r.products, 100.0 * r.tensor_share,
                 double(r.bytes) / kBytesPerMiB, (long long)kSpKeys);
     results->push_back(r);

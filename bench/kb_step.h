@@ -81,9 +81,8 @@ struct KbStepResult {
   double tensor_share = 0;  // the step's products at the measured bf16 GEMM rate, over step_us
 };
 
-// Runs and prints the four cases (mode × dQ target) and the single pass's steps (rows of 128 keys, its statistics
-// computed a step ahead; K_w resident, as dispatched, or from shared memory with dQ in flight); with `trace`,
-// each case's phase trace too (phase_trace.cuh).
+// Runs and prints the four cases (mode × dQ target) and the pingpong single pass's step (rows of 128 keys, each
+// consumer warpgroup every other row block); with `trace`, each case's phase trace too (phase_trace.cuh).
 Result run_kb_steps(const MicroRun& micro, bool trace, KbStepShape* shape, std::vector<KbStepResult>* results);
 
 // Writes `, "key_block_shape": {...}, "key_block": [...]` (write_json_list).

@@ -23,7 +23,7 @@
 #     PROFILE_LAUNCHES=3 scripts/gpu-check.sh    # each backward kernel's time and DRAM bytes, per revision
 #   STAGES="build crash" scripts/gpu-check.sh   # a native backtrace of one pytest test (CRASH_TEST) that crashes
 #   STAGES="micro" scripts/gpu-check.sh         # the products of a step by shape against cuBLAS (qksoftmax-wgmma)
-#   STAGES="build kernel-tests" scripts/gpu-check.sh   # kernels against each other (qksoftmax_kernel_tests)
+#   STAGES="build kernel-tests" scripts/gpu-check.sh   # kernels through internal entry points (qksoftmax_kernel_tests)
 #
 # Needs .deps/ (scripts/deps.sh, run where there is network; carry it with the call).
 # shellcheck disable=SC2086
@@ -165,8 +165,8 @@ if has_stage build; then
   fi
 fi
 
-# stage kernel-tests: the kernel tests (qksoftmax_kernel_tests: kernels against each other through internal entry
-# points, e.g. the single pass with and without a dQ warpgroup), KERNEL_TESTS_FILTER of them, at most
+# stage kernel-tests: the kernel tests (qksoftmax_kernel_tests: kernels through internal entry points, e.g. the
+# single pass against the CPU backend and against a second run of itself), KERNEL_TESTS_FILTER of them, at most
 # SMOKE_TIMEOUT_S.
 if has_stage kernel-tests; then
   kernel_tests_bin=$(find $BUILD -name qksoftmax_kernel_tests -type f | head -1)

@@ -68,7 +68,7 @@ bool sm90_tma_ready(const Problem& prob) {
 // The backward that run gives the single pass (whatever it then finds, it launches nothing else).
 bool sm90_single_pass(const Problem& prob) { return sm90_tma_ready(prob) && sm90_single_pass_fits(prob); }
 
-// Of those, the single pass on the key-block machinery (sm90/sp_config.h) takes recompute rows of up to 128 keys
+// Of those, the pingpong single pass (sm90/sp_pp_config.h) takes recompute rows of up to 128 keys
 // with dQ in TMA's reach
 // (a given LSE is not read: the pass computes its own statistics, as it must for D anyway) where its tiles, one
 // per (batch, key head), fill the GPU or are short: with fewer tiles than SMs and more than kSm90SpMaxSteps steps
@@ -125,7 +125,7 @@ Status run(const Problem& prob, void* workspace, CUstream_st* stream) {
   if (sm90_single_pass(prob) && sm90_sp(prob, device->sm_count)) {
 #define QKSOFTMAX_DISPATCH_SM90_SP(T, HD)                                               \
     if (prob.dtype == ElementTraits<T>::kDType && prob.D == HD) {                      \
-      return run_sm90_single_pass<sm90::SpConfig<T, HD>>(prob, stream);               \
+      return run_sm90_single_pass<sm90::SpPpConfig<T, HD>>(prob, stream);            \
     }
     QKSOFTMAX_SM90_CONFIGS(QKSOFTMAX_DISPATCH_SM90_SP)
 #undef QKSOFTMAX_DISPATCH_SM90_SP

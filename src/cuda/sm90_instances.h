@@ -22,8 +22,8 @@ template <class Element_, int kHeadDim_, bool kSavedP_, bool kDirectDq_>
 struct KbConfig;
 template <class Element_, int kHeadDim_, bool kSavedP_>
 struct BwdConfig;
-template <class Element_, int kHeadDim_, bool kDqWarpgroup_ = false>
-struct SpConfig;
+template <class Element_, int kHeadDim_>
+struct SpPpConfig;
 template <class Element_, int kHeadDim_>
 struct ForwardConfig;
 }  // namespace sm90
@@ -67,15 +67,15 @@ Status run_sm90_keyblock(const Problem& prob, const generic::Params& rows, const
 QKSOFTMAX_SM90_KB_CONFIGS(QKSOFTMAX_DECLARE_SM90_KB)
 #undef QKSOFTMAX_DECLARE_SM90_KB
 
-// The single pass on the key-block machinery (rows of up to 128 keys, recompute, statistics computed in the
-// pass): one instantiation per dtype and head dimension (the configurations of the two-pass backward).
+// The pingpong single pass (rows of up to 128 keys, recompute, statistics computed in the pass): one
+// instantiation per dtype and head dimension (the configurations of the two-pass backward).
 namespace sm90 {
-inline constexpr int64_t kSpBlockM = 64;  // rows per step of the single pass on the key-block machinery
+inline constexpr int64_t kSpBlockM = 64;  // rows per block of the pingpong single pass
 }  // namespace sm90
 template <class SpCfg>
 Status run_sm90_single_pass(const Problem& prob, CUstream_st* stream);
 #define QKSOFTMAX_DECLARE_SM90_SP(T, HD) \
-  extern template Status run_sm90_single_pass<sm90::SpConfig<T, HD>>(const Problem&, CUstream_st*);
+  extern template Status run_sm90_single_pass<sm90::SpPpConfig<T, HD>>(const Problem&, CUstream_st*);
 QKSOFTMAX_SM90_CONFIGS(QKSOFTMAX_DECLARE_SM90_SP)
 #undef QKSOFTMAX_DECLARE_SM90_SP
 

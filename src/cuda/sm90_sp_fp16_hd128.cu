@@ -1,7 +1,7 @@
-// The Hopper single pass on the key-block machinery (rows of up to 128 keys, recompute) for fp16, head dimension 128.
+// The Hopper pingpong single pass (rows of up to 128 keys, recompute) for fp16, head dimension 128.
 #include "cuda/sm90/sp_launch.cuh"
 #include "cuda/sm90_instances.h"
 
 namespace qksoftmax::cuda {
-template Status run_sm90_single_pass<sm90::SpConfig<cutlass::half_t, 128>>(const Problem&, CUstream_st*);
+template Status run_sm90_single_pass<sm90::SpPpConfig<cutlass::half_t, 128>>(const Problem&, CUstream_st*);
 }  // namespace qksoftmax::cuda

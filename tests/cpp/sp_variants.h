@@ -1,4 +1,5 @@
-// The single pass's forms for the kernel tests (sp_variants.cu): bf16, D = 128, recompute.
+// The pingpong single pass for the kernel tests (sp_variants.cu): bf16, D = 128, recompute, through its internal
+// entry point.
 #pragma once
 
 #include "problem.h"
@@ -7,9 +8,6 @@ struct CUstream_st;
 
 namespace qksoftmax::test {
 
-// The dispatched form (the consumers own the dQ products in turns) or the one with a dQ warpgroup
-// (sm90_instances.h's SpConfig kDqWarpgroup).
-enum class SpForm { kDispatched, kDqWarpgroup };
-Status run_sp_variant(const Problem& prob, SpForm form, CUstream_st* stream);
+Status run_single_pass(const Problem& prob, CUstream_st* stream);
 
 }  // namespace qksoftmax::test

@@ -1,7 +1,6 @@
-// The single pass in each of its forms (src/cuda/sm90/sp_config.h): as dispatched, the consumers owning the dQ
-// products in turns, and with a dQ warpgroup: each against the CPU backend, and against each other bit for bit
-// (the same products over the same operands in the same order). The kernels are called through their internal
-// entry point (sp_variants.cu), with the Problem built here from the test's tensors.
+// The pingpong single pass (src/cuda/sm90/sp_pp_config.h) through its internal entry point (sp_variants.cu), with
+// the Problem built here from the test's tensors, on shapes the public API would also send it: against the CPU
+// backend, and two runs against each other bit for bit.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -38,46 +37,41 @@ Problem sp_problem(const Case& c, const TensorDesc& q, const TensorDesc& k, cons
 
 class GpuSpVariants : public GpuTest, public ::testing::WithParamInterface<Case> {};
 
-TEST_P(GpuSpVariants, BitwiseEqual) {
+TEST_P(GpuSpVariants, AgainstCpuTwiceBitwise) {
   const Case& c = GetParam();
   const Inputs in = make_inputs(c, test_seed());
-  constexpr SpForm kForms[] = {SpForm::kDispatched, SpForm::kDqWarpgroup};
-  constexpr const char* kNames[] = {"as dispatched", "dQ warpgroup"};
   const Stream stream;
   DeviceTensor q(in.q), k(in.k), dp(in.dp);
   std::vector<Outputs> outs;
-  outs.reserve(std::size(kForms));
-  for (int f = 0; f < int(std::size(kForms)); ++f) {
+  for (int run = 0; run < 2; ++run) {
     Outputs& out = outs.emplace_back(c, c.dtype, c.output_layout());
     DeviceTensor dq(out.dq), dk(out.dk);
     dq.poison();
     dk.poison();
-    const Status run = run_sp_variant(sp_problem(c, q.desc(), k.desc(), dp.desc(), dq.desc(), dk.desc()), kForms[f],
-                                      stream.get());
-    ASSERT_TRUE(run.ok()) << kNames[f] << ": " << run.message();
-    ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess) << kNames[f];
+    const Status s = run_single_pass(sp_problem(c, q.desc(), k.desc(), dp.desc(), dq.desc(), dk.desc()), stream.get());
+    ASSERT_TRUE(s.ok()) << "run " << run << ": " << s.message();
+    ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess) << "run " << run;
     for (auto [from, to] : {std::pair{&dq, &out.dq}, {&dk, &out.dk}}) {
-      const Status s = from->download(*to);
-      ASSERT_TRUE(s.ok()) << s.message();
+      const Status d = from->download(*to);
+      ASSERT_TRUE(d.ok()) << d.message();
     }
   }
-  // Each against the CPU backend on fp32 copies (test_cuda.cpp's reference), then against the first bit for bit.
+  // Against the CPU backend on fp32 copies (test_cuda.cpp's reference), then the two runs bit for bit.
   Outputs ref(c, DType::kFloat32, Layout::kContiguous);
   const Status s = cpu_run(c, in.converted(DType::kFloat32), ref);
   ASSERT_TRUE(s.ok()) << "CPU reference: " << s.message();
   const double tolerance = accuracy::bound(c.dtype);
-  for (int f = 0; f < int(outs.size()); ++f) {
-    SCOPED_TRACE(kNames[f]);
-    expect_gradient_close(c, "dq", outs[f].dq, ref.dq.values(), tolerance);
-    expect_gradient_close(c, "dk", outs[f].dk, ref.dk.values(), tolerance);
-    EXPECT_TRUE(bitwise_equal(outs[0].dq, outs[f].dq)) << "dq";
-    EXPECT_TRUE(bitwise_equal(outs[0].dk, outs[f].dk)) << "dk";
-  }
+  expect_gradient_close(c, "dq", outs[0].dq, ref.dq.values(), tolerance);
+  expect_gradient_close(c, "dk", outs[0].dk, ref.dk.values(), tolerance);
+  EXPECT_TRUE(bitwise_equal(outs[0].dq, outs[1].dq)) << "dq";
+  EXPECT_TRUE(bitwise_equal(outs[0].dk, outs[1].dk)) << "dk";
 }
 
 // Tiles of 1, 2 and 16 steps, more tiles than SMs (and 768 tiles of 2 steps: 5 or more per CTA on 132 SMs, so
 // that each K buffer is loaded at least twice and its barriers' both phases reused), grouped query heads, cut
-// blocks (causal, keys past Sk, rows past Sq).
+// blocks (causal, keys past Sk, rows past Sq), a single row and a negative scale, a tile's blocks split unevenly
+// between the consumers (3 blocks a tile). Every row of dP is 16-byte aligned (Sk a multiple of
+// 8), as TMA needs: dispatch.cu sends other rows elsewhere.
 std::vector<Case> variant_cases() {
   const int64_t wide = small_shapes() ? 40 : 150;
   return {{.B = 2, .Hq = wide, .Hk = wide, .Sq = 128, .Sk = 128, .D = 128},
@@ -85,7 +79,10 @@ std::vector<Case> variant_cases() {
           {.B = 2, .Hq = 8, .Hk = 1, .Sq = 128, .Sk = 128, .D = 128},
           {.B = 8, .Hq = 96, .Hk = 96, .Sq = 128, .Sk = 128, .D = 128},
           {.B = 1, .Hq = 2, .Hk = 1, .Sq = 1000, .Sk = 120, .D = 128},
-          {.B = 1, .Hq = 2, .Hk = 2, .Sq = 40, .Sk = 96, .D = 128, .mask = Mask::kNone}};
+          {.B = 1, .Hq = 2, .Hk = 2, .Sq = 40, .Sk = 96, .D = 128, .mask = Mask::kNone},
+          {.B = 3, .Hq = 4, .Hk = 2, .Sq = 65, .Sk = 8, .D = 128},
+          {.B = 1, .Hq = 3, .Hk = 3, .Sq = 1, .Sk = 72, .D = 128, .mask = Mask::kNone, .scale = -0.3},
+          {.B = 1, .Hq = 2, .Hk = 2, .Sq = 192, .Sk = 128, .D = 128, .mask = Mask::kNone}};
 }
 
 INSTANTIATE_TEST_SUITE_P(Edges, GpuSpVariants, ::testing::ValuesIn(variant_cases()), param_name);

@@ -1,5 +1,4 @@
-// Host side of the single pass on the key-block machinery (sp_config.h): rows of up to 128 keys, recompute
-// mode; the step loads as the key-block pass's (kb_loads), the tile order (kb_scheduler.h, one key block per
+// Host side of the pingpong single pass (sp_pp_config.h): rows of up to 128 keys, recompute mode; the step loads as the key-block pass's (kb_loads), the tile order (kb_scheduler.h, one key block per
 // (batch, key head)) and the grid: one persistent CTA per SM, or one per tile where there are fewer. No
 // workspace and nothing cleared before it: every dQ row is stored once (by TMA: dQ in its reach), dK once per
 // tile.
@@ -14,8 +13,8 @@
 #include "cuda/device.h"
 #include "cuda/generic_launch.cuh"
 #include "cuda/sm90/kb_launch.cuh"
-#include "cuda/sm90/sp_config.h"
-#include "cuda/sm90/sp_kernel.cuh"
+#include "cuda/sm90/sp_pp_config.h"
+#include "cuda/sm90/sp_pp_kernel.cuh"
 
 namespace qksoftmax::cuda {
 
@@ -35,6 +34,7 @@ Status run_sm90_single_pass(const Problem& prob, CUstream_st* stream) {
   // change nothing with one key block per head.)
   const int64_t head_bytes = prob.group() * prob.Sq * prob.D * int64_t(sizeof(typename SpCfg::Element));
   using Element = typename SpCfg::Element;
+  const int64_t grid = std::min<int64_t>(tiles, int64_t(device->sm_count) * SpCfg::kCtasPerSm);
   const auto dq = cute::make_tensor(
       cute::make_gmem_ptr(static_cast<Element*>(prob.dq.ptr)),
       cute::make_shape(int32_t(prob.Sq), typename SpCfg::HD{}, int32_t(prob.Hq), int32_t(prob.B)),
@@ -42,8 +42,7 @@ Status run_sm90_single_pass(const Problem& prob, CUstream_st* stream) {
   const typename SpCfg::Params params{prob, kb_loads<SpCfg>(prob),
                                       make_tma_copy(cute::SM90_TMA_STORE{}, dq, typename SpCfg::SmemLayoutdQ{}),
                                       SpCfg::TileOrder::of(prob, head_bytes)};
-  const int64_t grid = std::min<int64_t>(tiles, int64_t(device->sm_count) * SpCfg::kCtasPerSm);
-  return launch<SpCfg>(sm90::sp_kernel<SpCfg>, kName, grid, params, stream);
+  return launch<SpCfg>(sm90::sp_pp_kernel<SpCfg>, kName, grid, params, stream);
 }
 
 }  // namespace qksoftmax::cuda

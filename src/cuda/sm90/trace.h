@@ -69,35 +69,22 @@ enum class KbTracePhase : int {
   kCount = kTileEnd + 1  // the consumers' phases, the most of any role
 };
 
-// The single pass on the key-block machinery (sp_mainloop.cuh): its consumers' phases, in the order of a step
+// The pingpong single pass (sp_pp_mainloop.cuh): its consumers' phases, in the order of a block of their own
 // (roles as KbTraceRole's consumers).
-enum class SpTracePhase : int {
-  kStatsWait,     // the step's partials awaited
-  kCombine,       // the step's partials combined into this thread's factors
-  kDs,            // dS element-wise
-  kStoreDs,       // dS written by stmatrix, announced off turn, this consumer's own barrier passed
-  kIssueS,        // S of the next step issued, after its stage's wait
-  kIssueDk,       // the dK product issued
-  kDsBarrier,     // the other consumer's dS written (on turn)
-  kIssueDq,       // the dQ product issued (on turn)
-  kWaitProducts,  // S of the next step done
-  kStoreDq,       // the previous step's dQ partial awaited and stored (off turn, at the step's top)
-  kStats,         // the next step's statistics: P_c, dP read, partials written
-  kWaitDk,        // the dK product done, the partials announced
-  kTileStart,     // per tile: its index, K awaited, S of its step 0 and its statistics
-  kTileEnd,       // per tile: the last dQ partial stored, K handed back, dK stored
+enum class PpTracePhase : int {
+  kWaitS,          // S of the block done, dP read
+  kSoftmax,        // the statistics and dS in registers
+  kDsFree,         // the dS buffer's previous block's products done
+  kStoreDs,        // dS written by stmatrix
+  kTurnWait,       // this consumer's turn
+  kIssue,          // dK (the other's block and this one), dQ and the next block's S issued, the turn passed on
+  kWaitProducts,   // dK and dQ done, the Q slots handed back, the dS buffers announced read
+  kStoreDq,        // dQ staged and stored, the store's read done, the dP slot handed back
+  kTileStart,      // per tile: its index, K awaited, S of this consumer's first block issued
+  kTileEnd,        // per tile: K handed back, the last block's dK (the other's block), dK stored
   kCount
 };
-static_assert(int(SpTracePhase::kCount) <= int(KbTracePhase::kCount), "a trace holds the key-block pass's phases");
-// The single pass's dQ warpgroup (sp_dq.cuh; KbTraceRole's kDq), in the order of a step.
-enum class SpDqTracePhase : int {
-  kDsWait,     // both consumers' dS of the step written
-  kProduct,    // the dQ product issued and done, the dS buffer freed
-  kStageFree,  // the previous partial's store has read the staging buffer
-  kStore,      // the partial staged and its store issued
-  kTileEnd,    // per tile: the K buffer handed back, the next tile read from the ring and its K awaited
-  kCount
-};
+static_assert(int(PpTracePhase::kCount) <= int(KbTracePhase::kCount), "a trace holds the key-block pass's phases");
 
 struct NoTrace {
   template <class Role>

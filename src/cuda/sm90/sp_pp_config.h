@@ -1,0 +1,178 @@
+// The configuration of the pingpong single pass (docs/DESIGN.md, "The pingpong single pass"), one per (dtype,
+// head dimension), recompute mode, rows of up to 128 keys: one CTA holds a (batch, key head)'s whole key block,
+// and each of its two consumer warpgroups owns every other 64-row block of the CTA's steps with all of the block's
+// keys, so that a row's statistics are one warpgroup's own (no exchange) and each warpgroup's element-wise work
+// runs while the other's products keep the tensor cores busy. Per CTA:
+//   warpgroup 0    producer: warp 0 (one thread) takes the tiles (dealt statically), publishes them in the tile
+//                  ring and loads K per tile and Q per block (Q ring); warp 1 (one thread) loads dP per block
+//                  (dP ring), which is freed earlier than Q (its owner alone reads it);
+//   warpgroups 1-2 consumers: block g is warpgroup g mod 2's. Its owner computes S = Q Kᵀ (64 rows × 128 keys),
+//                  the row statistics and dS in registers, writes dS to its dS buffer, and in its turn issues
+//                  dK_w += dSᵀ Q for the other's previous block and its own (each warpgroup accumulates dK of
+//                  its 64 keys over every block), dQ = dS K and S of its next block; then stores dQ by TMA
+//                  through the block's dP slot (sp_pp_mainloop.cuh).
+// No statistics pass, no workspace, no atomics: the sums run in a fixed order (deterministic by construction).
+#pragma once
+
+#include "cuda/sm90/kb_config.h"
+#include "cuda/sm90_instances.h"
+
+namespace qksoftmax::cuda::sm90 {
+
+using namespace cute;
+
+template <class Element_, int kHeadDim_>
+struct SpPpConfig {
+  using Element = Element_;
+  static constexpr DType kDType = ElementTraits<Element>::kDType;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kSavedP = false;    // (kb_epilogue.cuh's KbFinish reads it)
+  static constexpr int kBlockM = 64;        // rows per block (one wgmma M)
+  static constexpr int kBlockN = 128;       // keys per CTA
+  static constexpr int kMaxSk = kBlockN;
+  static_assert(kBlockM == kSpBlockM, "dispatch.cu counts the single pass's steps by sm90_instances.h's kSpBlockM");
+  static constexpr int kConsumers = 2;
+  static constexpr int kHalf = kBlockN / kConsumers;  // keys of a consumer's dK
+  static constexpr bool kStaticTiles = true;          // KbTileWriter::claim: CTA c's tiles are c, c + grid, …
+
+  // Rings. Q of block g is read by S(g) (issued in its owner's turn two blocks before), the owner's dK product and
+  // the other consumer's (the first of their turns g and g + 1): four slots, the load of Q(g + 2) starting in the
+  // turn of block g − 1. dP of block g is read by its owner's
+  // ldmatrix and then holds the block's dQ for its TMA store: three slots. K of two tiles, so that the next tile's
+  // K loads under this one. dS of block g is read by its owner's dQ and dK products and by the other consumer's dK
+  // product in its next turn: three buffers in rotation, so that a buffer's next writer (block g + 3's owner,
+  // after its S(g + 3), which follows that dK product in its own turn) finds it read.
+  static constexpr int kQStages = 4;
+  static constexpr int kPStages = 3;
+  static constexpr int kKBuffers = 2;
+  static constexpr int kDsBuffers = 3;
+
+  using BM = Int<kBlockM>;
+  using BN = Int<kBlockN>;
+  using HD = Int<kHeadDim>;
+  using HF = Int<kHalf>;
+  using QS = Int<kQStages>;
+  using PS = Int<kPStages>;
+  using KB = Int<kKBuffers>;
+  using DB = Int<kDsBuffers>;
+
+  // Tiles as TMA writes them, 128-byte swizzled, each slot a whole number of swizzle periods; transposed views of
+  // the same buffers give the MN-major wgmma operands.
+  using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<BM, HD, QS>{}));  // (rows, d, slot)
+  using SmemLayoutQt = decltype(composition(SmemLayoutQ{}, make_layout(Shape<HD, BM, QS>{},
+                                                                       Stride<BM, _1, Int<kBlockM * kHeadDim>>{})));
+  using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<BN, HD>{}));      // (keys, d)
+  using SmemLayoutKB = decltype(tile_to_shape(SmemAtom{}, Shape<BN, HD, KB>{}));  // (keys, d, buffer)
+  using SmemLayoutKtB = decltype(composition(
+      SmemLayoutKB{}, make_layout(Shape<HD, BN, KB>{}, Stride<BN, _1, Int<kBlockN * kHeadDim>>{})));
+  using SmemLayoutP = decltype(tile_to_shape(SmemAtom{}, Shape<BM, BN, PS>{}));  // dP (rows, keys, slot)
+  // dS by block (rotating buffers), (rows, keys, buffer), K-major: the dQ product's A operand; its (keys, rows)
+  // view dK's.
+  using SmemLayoutdS2 = decltype(tile_to_shape(SmemAtom{}, Shape<BM, BN, DB>{}));
+  using SmemLayoutdSt2 = decltype(composition(
+      SmemLayoutdS2{}, make_layout(Shape<BN, BM, DB>{}, Stride<BM, _1, Int<kBlockM * kBlockN>>{})));
+  // A block's dQ, rounded, staged in the block's dP slot (its dP is in registers by then) for one TMA store: a dP
+  // slot's layout.
+  using SmemLayoutdQ = decltype(tile_to_shape(SmemAtom{}, Shape<BM, HD>{}));  // (rows, d)
+  static_assert(kHeadDim == kBlockN && cosize_v<SmemLayoutdQ> * kPStages == cosize_v<SmemLayoutP>,
+                "a dP slot holds a block's dQ");
+
+  using TmaQ = TmaLoad<Element, HD, decltype(SmemLayoutQ{}(_, _, 0))>;
+  using TmaK = TmaLoad<Element, HD, SmemLayoutK>;
+  using TmaP = TmaLoad<Element, int32_t, decltype(SmemLayoutP{}(_, _, 0))>;
+  struct Loads {  // (kb_loads; p unused: recompute)
+    TmaQ q;
+    TmaK k;
+    TmaP dp;
+    TmaP p;
+  };
+  using TmaStoredQ = decltype(make_tma_copy(
+      SM90_TMA_STORE{},
+      make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), Shape<int32_t, HD, int32_t, int32_t>{},
+                  Stride<int64_t, _1, int64_t, int64_t>{}),
+      SmemLayoutdQ{}));
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kPBytes = kBlockM * kBlockN * sizeof(Element);
+
+  // S = Q Kᵀ: M = the block's 64 rows, N = the 128 keys, K = D; both K-major. A thread holds 2 rows × 32 keys, a
+  // row's keys in one quad. dP into that layout by ldmatrix, dS out of it by stmatrix.
+  using MmaS = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<BM, BN, HD>, GMMA::Major::K, GMMA::Major::K>()));
+  using CopydP = decltype(make_tiled_copy_C(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, MmaS{}));
+  using CopydS = decltype(make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, MmaS{}));
+  // dK_w += dSᵀ Q: M = consumer w's 64 keys, N = D, K = the block's rows; dSᵀ keys-contiguous (MN-major), Q as
+  // (D, rows), MN-major.
+  using MmadK = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<HF, HD, BM>, GMMA::Major::MN, GMMA::Major::MN>()));
+  // dQ = dS K: M = rows, N = D, K = keys; dS K-major, K as (D, keys), MN-major.
+  using MmadQ = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<BM, HD, BN>, GMMA::Major::K, GMMA::Major::MN>()));
+  using CopydQ = decltype(make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, MmadQ{}));
+  // Consumer w's (HF, BM) part, its keys, of a (BN, BM) view.
+  template <class Tile>
+  CUTE_HOST_DEVICE static auto consumer_keys(Tile&& tile, int w) {
+    return local_tile(static_cast<Tile&&>(tile), Shape<HF, BM>{}, make_coord(w, 0));
+  }
+
+  using QPipeline = cutlass::PipelineTmaAsync<kQStages>;
+  using PPipeline = cutlass::PipelineTmaAsync<kPStages>;
+  using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+  using TileOrder = KbTileOrder<kBlockM, kBlockN>;
+  // The tile ring (KbTileWriter, KbTileReader): the load thread runs at most kQStages blocks ahead.
+  static constexpr int kTileSlots = 8;
+  using TilePipeline = cutlass::PipelineAsync<kTileSlots>;
+
+  // Roles and registers (setmaxnreg within the launch allocation).
+  static constexpr int kWarpgroupThreads = 128;
+  static constexpr int kConsumerThreads = kWarpgroupThreads * kConsumers;
+  static constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);
+  static constexpr int kCtasPerSm = 1;  // (shared memory): a persistent grid of one CTA per SM
+  static constexpr int kLoadWarp = 0;   // Q, K and the tiles
+  static constexpr int kDpWarp = 1;     // dP
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  static constexpr int kLaunchRegs = 64 * 1024 / kThreads / 8 * 8;
+  static_assert(kWarpgroupThreads * (kProducerRegs + kConsumers * kConsumerRegs) <= kThreads * kLaunchRegs,
+                "the launch allocation holds the roles");
+  // Readers of the tile ring: every consumer thread and the dP load thread.
+  static constexpr int kTileReaders = kConsumerThreads + 1;
+  using Trace = NoTrace;  // the step micro-benchmark's configs time the phases (trace.h)
+
+  // Named barriers (numbered after CUTLASS's reserved ones): the turns (consumer w syncs kTurnBarrier + w, the
+  // other arrives), the tile's last dS written (its owner arrives, the other syncs), and a consumer's dQ staged
+  // (its 128 threads).
+  static constexpr uint32_t kTurnBarrier = 0;      // + consumer
+  static constexpr uint32_t kTileDsBarrier = 2;
+  static constexpr uint32_t kDqStagedBarrier = 3;  // + consumer
+  static_assert(kDqStagedBarrier + kConsumers + cutlass::arch::NamedBarrier::ReservedNamedBarrierCount <=
+                    cutlass::arch::NamedBarrier::HardwareMaxNumNamedBarriers,
+                "the named barriers fit the hardware's 16 after CUTLASS's reserved ones");
+
+  struct Storage {
+    alignas(1024) cute::array<Element, cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::array<Element, cosize_v<SmemLayoutKB>> k;
+    alignas(1024) cute::array<Element, cosize_v<SmemLayoutP>> dp;
+    alignas(1024) cute::array<Element, cosize_v<SmemLayoutdS2>> ds;
+    typename QPipeline::SharedStorage q_pipe;
+    typename PPipeline::SharedStorage p_pipe;
+    typename TilePipeline::SharedStorage tile_pipe;
+    int tile_index[kTileSlots];
+    alignas(8) uint64_t k_full[kKBuffers];   // K of a tile loaded (TMA's transaction count)
+    alignas(8) uint64_t k_empty[kKBuffers];  // its last products, every consumer thread's, complete
+    // By dS buffer: its block's three products done (every consumer thread arrives once its own are).
+    alignas(8) uint64_t ds_free[kDsBuffers];
+  };
+  static constexpr int kSmemBytes = int(sizeof(Storage));
+  static_assert(kSmemBytes <= kSm90SmemPerCta, "the pingpong single pass's shared memory exceeds a CTA's 227 KB");
+
+  struct Params {
+    Problem prob;
+    Loads tma;
+    TmaStoredQ tma_dq;
+    TileOrder order;
+  };
+};
+
+}  // namespace qksoftmax::cuda::sm90

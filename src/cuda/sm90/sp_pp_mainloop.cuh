@@ -1,0 +1,248 @@
+// The consumer warpgroups of the pingpong single pass (sp_pp_config.h). The CTA's blocks g = 0, 1, … (counted
+// over its tiles) alternate between them: block g is consumer g mod 2's. Consumer w, per block j of its own:
+//   S(j) awaited (issued in its previous turn, or at the tile's start); dP(j) read; the row statistics and dS(j)
+//   (sp_pp_softmax.cuh), written to dS buffer j mod 3 once block j − 3's products are done;
+//   its turn (kTurnBarrier + w, which the other consumer's end of turn opens): dK_w += dS(j − 1)ᵀ Q(j − 1) (the
+//   other's block before, where the tile has it) + dS(j)ᵀ Q(j), then dQ(j) = dS(j) K, then S(j + 2) (where the
+//   tile has it), each a batch; then the other's turn opened;
+//   as they complete: the Q slots handed back and both dS buffers announced read; dQ(j) staged in dP(j)'s slot
+//   and stored by TMA, the slot handed back once the store has read it.
+// S(j + 2) runs during the other consumer's element-wise work and turn, and each warpgroup's exponentials and
+// reductions under the other's products. At a tile's end the consumer that does not own the last block adds that
+// block's dK (its dS announced by kTileDsBarrier); each stores dK of its 64 keys.
+#pragma once
+
+#include <cutlass/arch/barrier.h>
+
+#include "cuda/sm90/kb_epilogue.cuh"
+#include "cuda/sm90/sp_pp_config.h"
+#include "cuda/sm90/sp_pp_epilogue.cuh"
+#include "cuda/sm90/sp_pp_softmax.cuh"
+#include "cuda/sm90/trace.h"
+
+namespace qksoftmax::cuda::sm90 {
+
+// A ring's slot and phase for the CTA's block g (every role counts the same blocks).
+template <int kStages>
+__device__ inline cutlass::PipelineState<kStages> block_state(int g) {
+  return cutlass::PipelineState<kStages>(g % kStages, uint32_t(g / kStages) & 1, g);
+}
+
+template <class Cfg>
+struct SpPpMainloop {
+  using Element = typename Cfg::Element;
+  using BM = typename Cfg::BM;
+  using BN = typename Cfg::BN;
+  using HD = typename Cfg::HD;
+  using HF = typename Cfg::HF;
+  using QPipeline = typename Cfg::QPipeline;
+  using PPipeline = typename Cfg::PPipeline;
+  static constexpr int kBlockM = Cfg::kBlockM;
+  static constexpr int kQStages = Cfg::kQStages, kPStages = Cfg::kPStages;
+  static constexpr uint32_t kPTileBytes = Cfg::kPBytes;
+
+  const typename Cfg::Params& params;
+  typename Cfg::Storage& st;
+  int w;  // this consumer, 0 or 1
+
+  __device__ void run(QPipeline& q_pipe, PPipeline& p_pipe) {
+    const Problem& prob = params.prob;
+    const int tid = threadIdx.x % Cfg::kWarpgroupThreads;
+    const int other = 1 - w;
+    typename Cfg::Trace trace(w == 0 ? KbTraceRole::kConsumer0 : KbTraceRole::kConsumer1, tid < 32);
+    const SpPpSoftmax<Cfg> softmax{prob.keys(), prob.scale * kLog2e,
+                                   kScaleInDs<Element> ? fabsf(prob.scale) : 1.0f, tid};
+    using FragS = typename SpPpSoftmax<Cfg>::FragS;      // (MMA, 1, 1) fp32
+    using FragS16 = typename SpPpSoftmax<Cfg>::FragS16;  // (MMA, 1, 1)
+
+    Tensor sQ = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQ{});      // (BM, D, QS)
+    Tensor sQt = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQt{});    // (D, BM, QS)
+    Tensor sK = make_tensor(make_smem_ptr(st.k.data()), typename Cfg::SmemLayoutKB{});     // (BN, D, KB)
+    Tensor sKt = make_tensor(make_smem_ptr(st.k.data()), typename Cfg::SmemLayoutKtB{});   // (D, BN, KB)
+    Tensor sdP = make_tensor(make_smem_ptr(st.dp.data()), typename Cfg::SmemLayoutP{});    // (BM, BN, PS)
+    Tensor sdS = make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdS2{});   // (BM, BN, DB)
+    Tensor sdSt = make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdSt2{});  // (BN, BM, DB)
+
+    typename Cfg::MmaS mma_s;
+    auto thr_s = mma_s.get_thread_slice(tid);
+    const Tensor tSsQ = thr_s.partition_fragment_A(sQ);  // (MMA, 1, D/16, QS) descriptors
+    const Tensor tSsK = thr_s.partition_fragment_B(sK);  // (MMA, 1, D/16, KB) descriptors
+    typename Cfg::MmadK mma_dk;
+    auto thr_dk = mma_dk.get_thread_slice(tid);
+    Tensor tdKrdK = partition_fragment_C(mma_dk, Shape<HF, HD>{});                             // (MMA, 1, 1) fp32
+    const Tensor tdKsdS = thr_dk.partition_fragment_A(Cfg::consumer_keys(sdSt, w));  // (MMA, 1, BM/16, DB)
+    const Tensor tdKsQ = thr_dk.partition_fragment_B(sQt);                           // (MMA, 1, BM/16, QS)
+    typename Cfg::MmadQ mma_dq;
+    auto thr_dq = mma_dq.get_thread_slice(tid);
+    const Tensor tdQsdS = thr_dq.partition_fragment_A(sdS);  // (MMA, 1, BN/16, DB) descriptors
+    const Tensor tdQsK = thr_dq.partition_fragment_B(sKt);   // (MMA, 1, BN/16, KB) descriptors
+    using FragdQ = decltype(partition_fragment_C(mma_dq, Shape<BM, HD>{}));  // (MMA, 1, 1) fp32
+
+    // 32-bit shared-memory addresses of this thread's ldmatrix accesses of dP in slot 0 and stmatrix accesses of
+    // dS in buffer 0 (a slot or buffer is one whole tile further).
+    const auto dp_addr = matrix_addresses(typename Cfg::CopydP{}.get_thread_slice(tid).partition_S(sdP(_, _, 0)));
+    const auto ds_addr = matrix_addresses(typename Cfg::CopydS{}.get_thread_slice(tid).partition_D(sdS(_, _, 0)));
+    // dQ staged in its block's dP slot and stored by TMA (SpDqStore).
+    const SpDqStore<Cfg> store{params, st.dp.data(), tid};
+    const auto dq_addr = store.addresses();  // (A, CPY_M, CPY_N) of slot 0
+
+    // dK_w over a block's rows: its A operand from the block's dS buffer, Q from the block's slot.
+    const auto add_dk = [&](int ds_buf, int q_slot) {
+      CUTE_UNROLL
+      for (int kb = 0; kb < size<2>(tdKsdS); ++kb) {
+        gemm(mma_dk, tdKsdS(_, _, kb, ds_buf), tdKsQ(_, _, kb, q_slot), tdKrdK);
+      }
+    };
+    // Block g's dS buffer, and the phase of its barrier that block g's use completes.
+    const auto ds_buffer = [](int g) { return g % Cfg::kDsBuffers; };
+    const auto ds_phase = [](int g) { return uint32_t(g / Cfg::kDsBuffers) & 1; };
+
+    int g = 0;        // the CTA's blocks so far (both consumers')
+    int k_loads = 0;  // tiles with blocks so far
+    // The turns run on across tiles: consumer 0 takes the CTA's first.
+    if (w == 1) cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTurnBarrier + 0);
+    KbTileReader<Cfg> tiles(params, st);
+    for (KbTile tile; tiles.next(tile);) {
+      const KbWork<Cfg> work(params.order, tile);
+      const int g0 = g, g_end = g + work.steps;
+      const KBufferUse<Cfg> k_use(k_loads);
+      mma_dk.accumulate_ = GMMA::ScaleOut::One;
+      clear(tdKrdK);
+      // This consumer's first block of the tile and its row block (the cursor walks every block of the tile).
+      StepCursor at = work.first();
+      int j = g0 + ((g0 ^ w) & 1);
+      if (j > g0) work.advance(at);
+      FragS tSrS;  // (MMA, 1, 1) fp32: S of this consumer's next block
+      if (work.steps > 0) {
+        ++k_loads;
+        Cfg::TxBarrier::wait(&st.k_full[k_use.buffer], k_use.phase);
+        if (j < g_end) {
+          const auto q_state = block_state<kQStages>(j);
+          q_pipe.consumer_wait(q_state);
+          warpgroup_mma<size<2>(decltype(tSsQ.layout()){}), true, false>(mma_s, tSsQ(_, _, _, q_state.index()),
+                                                                        tSsK(_, _, _, k_use.buffer), tSrS);
+        }
+      }
+      trace.mark(PpTracePhase::kTileStart);
+      for (; j < g_end; j += 2) {
+        const int64_t head = at.head;
+        const int64_t m0 = int64_t(at.block) * kBlockM;
+        work.advance(at);
+        work.advance(at);  // (at: this consumer's next block)
+        const auto q_state = block_state<kQStages>(j);
+        const auto p_state = block_state<kPStages>(j);
+        const bool prev = j > g0;          // the other consumer's block j − 1, in this tile
+        const bool next = j + 2 < g_end;   // this consumer's next block, in this tile
+        const bool last = j + 1 == g_end;  // the tile's last block (the other consumer adds its dK after)
+
+        // S(j) done (issued at the tile's start, or last in the previous turn); dP(j) read; the statistics.
+        p_pipe.consumer_wait(p_state);
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tSrS);
+        FragS16 tSrdP;  // (MMA, 1, 1)
+        load_matrices(dp_addr, uint32_t(p_state.index()) * kPTileBytes,
+                      typename Cfg::CopydP{}.get_thread_slice(tid).retile_D(tSrdP));
+        trace.mark(PpTracePhase::kWaitS);
+        const bool cut = softmax.cut(m0);
+        float f[SpPpSoftmax<Cfg>::kRows], fd[SpPpSoftmax<Cfg>::kRows];
+        softmax.stats(tSrS, tSrdP, m0, cut, f, fd);
+        FragS16 tSrdS;  // (MMA, 1, 1)
+        softmax.ds(tSrS, tSrdP, cut, f, fd, tSrdS);
+        trace.mark(PpTracePhase::kSoftmax);
+        // dS(j)'s buffer: block j − 3's products (both consumers') done.
+        if (j >= Cfg::kDsBuffers) cutlass::arch::ClusterBarrier::wait(&st.ds_free[ds_buffer(j)], ds_phase(j - 3));
+        trace.mark(PpTracePhase::kDsFree);
+        store_matrices(ds_addr, uint32_t(ds_buffer(j)) * kPTileBytes,
+                       typename Cfg::CopydS{}.get_thread_slice(tid).retile_S(tSrdS));
+        cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
+        if (last) cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTileDsBarrier);
+        trace.mark(PpTracePhase::kStoreDs);
+
+        // The turn (its own named barrier, opened by the other consumer's end of turn, after which its dS of block
+        // j − 1 is visible here), three batches back to back: dK over this consumer's keys of block j − 1 (the
+        // other's, where the tile has it) and of block j, dQ(j), S(j + 2) (where the tile has it); then the other
+        // consumer's turn opened. Then, as they complete: the Q slots handed back and dS(j − 1) announced read by
+        // this consumer; dS(j) announced read (its dK and dQ products done); dQ(j) staged in dP(j)'s slot (its dP
+        // in registers since the statistics, each warp its own rows) and stored by TMA, the slot handed back once
+        // the store has read it. S(j + 2) runs on into the other consumer's turn.
+        cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kTurnBarrier + w);
+        trace.mark(PpTracePhase::kTurnWait);
+        const auto q_prev = block_state<kQStages>(j - 1);
+        // (Compiled once per case, each with its own constant waits; inlined: a call would pass the fragments
+        // through the stack.)
+        const auto turn = [&](auto has_prev, auto has_next) __attribute__((always_inline)) {
+          constexpr bool kPrev = decltype(has_prev)::value, kNext = decltype(has_next)::value;
+          if constexpr (kPrev) q_pipe.consumer_wait(q_prev);  // (its owner awaited it; this consumer reads it too)
+          warpgroup_fence_operand(tdKrdK);
+          warpgroup_arrive();
+          if constexpr (kPrev) add_dk(ds_buffer(j - 1), q_prev.index());
+          add_dk(ds_buffer(j), q_state.index());
+          warpgroup_commit_batch();
+          FragdQ tdQrdQ;  // (MMA, 1, 1) fp32
+          warpgroup_mma<size<2>(decltype(tdQsdS.layout()){}), true, false>(mma_dq, tdQsdS(_, _, _, ds_buffer(j)),
+                                                                           tdQsK(_, _, _, k_use.buffer), tdQrdQ);
+          if constexpr (kNext) {
+            const auto q_next = block_state<kQStages>(j + 2);
+            q_pipe.consumer_wait(q_next);
+            warpgroup_mma<size<2>(decltype(tSsQ.layout()){}), true, false>(mma_s, tSsQ(_, _, _, q_next.index()),
+                                                                          tSsK(_, _, _, k_use.buffer), tSrS);
+          }
+          cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTurnBarrier + other);
+          trace.mark(PpTracePhase::kIssue);
+          constexpr int kAfterDq = kNext ? 1 : 0;  // batches issued after dQ's
+          warpgroup_wait<kAfterDq + 1>();
+          warpgroup_fence_operand(tdKrdK);
+          if constexpr (kPrev) {
+            cutlass::arch::ClusterBarrier::arrive(&st.ds_free[ds_buffer(j - 1)]);
+            q_pipe.consumer_release(q_prev);
+          }
+          q_pipe.consumer_release(q_state);
+          warpgroup_wait<kAfterDq>();
+          warpgroup_fence_operand(tdQrdQ);
+          cutlass::arch::ClusterBarrier::arrive(&st.ds_free[ds_buffer(j)]);
+          trace.mark(PpTracePhase::kWaitProducts);
+          store(tdQrdQ, dq_addr, p_state.index(), Cfg::kDqStagedBarrier + w, work.b, head, m0);
+          if (tid == 0) tma_store_wait<0>();
+          p_pipe.consumer_release(p_state);
+          trace.mark(PpTracePhase::kStoreDq);
+        };
+        if (prev) {
+          if (next) {
+            turn(std::true_type{}, std::true_type{});
+          } else {
+            turn(std::true_type{}, std::false_type{});
+          }
+        } else if (next) {
+          turn(std::false_type{}, std::true_type{});
+        } else {
+          turn(std::false_type{}, std::false_type{});
+        }
+      }
+      g = g_end;
+      if (work.steps > 0) {
+        // K is read no more by this consumer (its last S and dQ products are done).
+        cutlass::arch::ClusterBarrier::arrive(&st.k_empty[k_use.buffer]);
+        // The tile's last block is the other consumer's: its dS into dK_w.
+        if (((g_end - 1) & 1) != w) {
+          cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kTileDsBarrier);
+          const auto q_last = block_state<kQStages>(g_end - 1);
+          q_pipe.consumer_wait(q_last);
+          warpgroup_fence_operand(tdKrdK);
+          warpgroup_arrive();
+          add_dk(ds_buffer(g_end - 1), q_last.index());
+          warpgroup_commit_batch();
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(tdKrdK);
+          cutlass::arch::ClusterBarrier::arrive(&st.ds_free[ds_buffer(g_end - 1)]);
+          q_pipe.consumer_release(q_last);
+        }
+      }
+      kb_store_dk<Cfg>(params, w, tdKrdK, thr_dk.partition_C(make_identity_tensor(Shape<HF, HD>{})), work);
+      trace.mark(PpTracePhase::kTileEnd);
+    }
+    // The last turn opened one that nobody takes: its owner passes it, so that no barrier keeps arrivals.
+    if ((g & 1) == w) cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kTurnBarrier + w);
+  }
+};
+
+}  // namespace qksoftmax::cuda::sm90

@@ -1,0 +1,87 @@
+// The producers of the pingpong single pass (sp_pp_config.h), one thread each:
+//   the load thread takes the CTA's tiles (dealt statically), publishes each in the tile ring (KbTileWriter), and
+//   loads per tile K into the K buffer of its turn once that buffer's last readers (every consumer thread of the
+//   tile that used it) are done, per block Q into the next slot of the Q ring;
+//   the dP thread reads the tiles from the ring and loads per block dP into the next slot of the dP ring.
+// Two threads, so that neither ring waits on the other: a Q slot is freed a turn later than its block's dP slot.
+#pragma once
+
+#include "cuda/sm90/kb_config.h"
+#include "cuda/sm90/sp_pp_config.h"
+#include "cuda/sm90/trace.h"
+
+namespace qksoftmax::cuda::sm90 {
+
+template <class Cfg>
+struct SpPpProducer {
+  using BM = typename Cfg::BM;
+  using BN = typename Cfg::BN;
+  using HD = typename Cfg::HD;
+
+  const typename Cfg::Params& params;
+  typename Cfg::Storage& st;
+
+  // The load thread. A tile without blocks loads nothing (its dK is zero).
+  __device__ void load_q(typename Cfg::QPipeline& q_pipe) {
+    const Problem& prob = params.prob;
+    const auto& tma = params.tma;
+    typename Cfg::Trace trace(KbTraceRole::kLoad, true);
+    Tensor sQ = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQ{});   // (BM, D, QS)
+    Tensor sK = make_tensor(make_smem_ptr(st.k.data()), typename Cfg::SmemLayoutKB{});  // (BN, D, KB)
+    Tensor mQ = tma.q.get_tma_tensor(make_shape(int32_t(prob.Sq), HD{}, int32_t(prob.Hq), int32_t(prob.B)));
+    Tensor mK = tma.k.get_tma_tensor(make_shape(int32_t(prob.Sk), HD{}, int32_t(prob.Hk), int32_t(prob.B)));
+    auto state = cutlass::make_producer_start_state<typename Cfg::QPipeline>();
+    int k_loads = 0;  // tiles with blocks so far
+    KbTileWriter<Cfg> tiles(params, st);
+    for (int index = tiles.first(); tiles.publish(index);) {
+      const KbWork<Cfg> work(params.order, params.order.tile(index));
+      index = tiles.claim(index);
+      StepCursor at = work.first();
+#pragma unroll 1
+      for (int t = 0; t < work.steps; ++t, ++state) {
+        const int64_t h = at.head;
+        const int mb = at.block;
+        work.advance(at);
+        q_pipe.producer_acquire(state);  // expects the slot's bytes
+        trace.mark(KbTracePhase::kAcquire);
+        Tensor gQ = local_tile(mQ(_, _, h, work.b), Shape<BM, HD>{}, make_coord(mb, 0));  // (BM, D)
+        tma_load_tile(tma.q, *q_pipe.producer_get_barrier(state), gQ, sQ(_, _, state.index()));
+        if (t == 0) {
+          // K of the block (keys past Sk arrive as zeros), after the tile's first Q.
+          const KBufferUse<Cfg> use(k_loads);
+          if (k_loads >= Cfg::kKBuffers) cutlass::arch::ClusterBarrier::wait(&st.k_empty[use.buffer], use.phase ^ 1);
+          ++k_loads;
+          Cfg::TxBarrier::arrive_and_expect_tx(&st.k_full[use.buffer], Cfg::kKBytes);
+          Tensor gK = local_tile(mK(_, _, work.kv_head, work.b), Shape<BN, HD>{}, make_coord(work.nb, 0));  // (BN, D)
+          tma_load_tile(tma.k, st.k_full[use.buffer], gK, sK(_, _, use.buffer));
+        }
+        trace.mark(KbTracePhase::kIssueLoads);
+      }
+    }
+  }
+
+  // The dP thread.
+  __device__ void load_dp(typename Cfg::PPipeline& p_pipe) {
+    const Problem& prob = params.prob;
+    const auto& tma = params.tma;
+    Tensor sdP = make_tensor(make_smem_ptr(st.dp.data()), typename Cfg::SmemLayoutP{});  // (BM, BN, PS)
+    Tensor mdP = tma.dp.get_tma_tensor(make_shape(int32_t(prob.Sq), int32_t(prob.Sk), int32_t(prob.Hq), int32_t(prob.B)));
+    auto state = cutlass::make_producer_start_state<typename Cfg::PPipeline>();
+    KbTileReader<Cfg> tiles(params, st);
+    for (KbTile tile; tiles.next(tile);) {
+      const KbWork<Cfg> work(params.order, tile);
+      StepCursor at = work.first();
+#pragma unroll 1
+      for (int t = 0; t < work.steps; ++t, ++state) {
+        const int64_t h = at.head;
+        const int mb = at.block;
+        work.advance(at);
+        p_pipe.producer_acquire(state);
+        Tensor gdP = local_tile(mdP(_, _, h, work.b), Shape<BM, BN>{}, make_coord(mb, work.nb));  // (BM, BN)
+        tma_load_tile(tma.dp, *p_pipe.producer_get_barrier(state), gdP, sdP(_, _, state.index()));
+      }
+    }
+  }
+};
+
+}  // namespace qksoftmax::cuda::sm90

@@ -1,12 +1,20 @@
-// The pingpong single pass (src/cuda/sm90/sp_pp_config.h) instantiated for the kernel tests
-// (test_sm90_sp_variants.cpp), behind a plain function: the library's CUDA code builds as C++17, the tests as C++20.
+// The pingpong single pass's forms (src/cuda/sm90/sp_pp_config.h: as dispatched, and with a dK warpgroup)
+// instantiated for the kernel tests (test_sm90_sp_variants.cpp), behind a plain function: the library's CUDA code
+// builds as C++17, the tests as C++20.
 #include "cuda/sm90/sp_launch.cuh"
 #include "sp_variants.h"
 
 namespace qksoftmax::test {
 
-Status run_single_pass(const Problem& prob, CUstream_st* stream) {
-  return cuda::run_sm90_single_pass<cuda::sm90::SpPpConfig<cutlass::bfloat16_t, 128>>(prob, stream);
+Status run_single_pass(const Problem& prob, SpForm form, CUstream_st* stream) {
+  using cuda::sm90::SpPpConfig;
+  switch (form) {
+    case SpForm::kDispatched:
+      return cuda::run_sm90_single_pass<SpPpConfig<cutlass::bfloat16_t, 128>>(prob, stream);
+    case SpForm::kDkWarpgroup:
+      return cuda::run_sm90_single_pass<SpPpConfig<cutlass::bfloat16_t, 128, true>>(prob, stream);
+  }
+  return {Code::kInternal, "unknown single-pass form"};
 }
 
 }  // namespace qksoftmax::test

@@ -1,5 +1,5 @@
 // The pingpong single pass for the kernel tests (sp_variants.cu): bf16, D = 128, recompute, through its internal
-// entry point.
+// entry point, as dispatched or with a dK warpgroup (sm90_instances.h's SpPpConfig kDkWarpgroup).
 #pragma once
 
 #include "problem.h"
@@ -8,6 +8,7 @@ struct CUstream_st;
 
 namespace qksoftmax::test {
 
-Status run_single_pass(const Problem& prob, CUstream_st* stream);
+enum class SpForm { kDispatched, kDkWarpgroup };
+Status run_single_pass(const Problem& prob, SpForm form, CUstream_st* stream);
 
 }  // namespace qksoftmax::test

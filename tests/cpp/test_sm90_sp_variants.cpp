@@ -1,6 +1,6 @@
-// The pingpong single pass (src/cuda/sm90/sp_pp_config.h) through its internal entry point (sp_variants.cu), with
-// the Problem built here from the test's tensors, on shapes the public API would also send it: against the CPU
-// backend, and two runs against each other bit for bit.
+// The pingpong single pass (src/cuda/sm90/sp_pp_config.h) through its internal entry point (sp_variants.cu), as
+// dispatched and with a dK warpgroup, with the Problem built here from the test's tensors, on shapes the public API
+// would also send it: each against the CPU backend, and all bit for bit against the first run.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -37,34 +37,43 @@ Problem sp_problem(const Case& c, const TensorDesc& q, const TensorDesc& k, cons
 
 class GpuSpVariants : public GpuTest, public ::testing::WithParamInterface<Case> {};
 
-TEST_P(GpuSpVariants, AgainstCpuTwiceBitwise) {
+TEST_P(GpuSpVariants, AgainstCpuAndEachOther) {
   const Case& c = GetParam();
   const Inputs in = make_inputs(c, test_seed());
+  // The dispatched form twice, then with a dK warpgroup: the same products over the same operands, dK's blocks
+  // added in the same order, so all three agree bit for bit.
+  constexpr SpForm kForms[] = {SpForm::kDispatched, SpForm::kDispatched, SpForm::kDkWarpgroup};
+  constexpr const char* kNames[] = {"as dispatched", "as dispatched, again", "dK warpgroup"};
   const Stream stream;
   DeviceTensor q(in.q), k(in.k), dp(in.dp);
   std::vector<Outputs> outs;
-  for (int run = 0; run < 2; ++run) {
+  outs.reserve(std::size(kForms));
+  for (int f = 0; f < int(std::size(kForms)); ++f) {
     Outputs& out = outs.emplace_back(c, c.dtype, c.output_layout());
     DeviceTensor dq(out.dq), dk(out.dk);
     dq.poison();
     dk.poison();
-    const Status s = run_single_pass(sp_problem(c, q.desc(), k.desc(), dp.desc(), dq.desc(), dk.desc()), stream.get());
-    ASSERT_TRUE(s.ok()) << "run " << run << ": " << s.message();
-    ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess) << "run " << run;
+    const Status s = run_single_pass(sp_problem(c, q.desc(), k.desc(), dp.desc(), dq.desc(), dk.desc()), kForms[f],
+                                     stream.get());
+    ASSERT_TRUE(s.ok()) << kNames[f] << ": " << s.message();
+    ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess) << kNames[f];
     for (auto [from, to] : {std::pair{&dq, &out.dq}, {&dk, &out.dk}}) {
       const Status d = from->download(*to);
       ASSERT_TRUE(d.ok()) << d.message();
     }
   }
-  // Against the CPU backend on fp32 copies (test_cuda.cpp's reference), then the two runs bit for bit.
+  // Each against the CPU backend on fp32 copies (test_cuda.cpp's reference), then against the first bit for bit.
   Outputs ref(c, DType::kFloat32, Layout::kContiguous);
   const Status s = cpu_run(c, in.converted(DType::kFloat32), ref);
   ASSERT_TRUE(s.ok()) << "CPU reference: " << s.message();
   const double tolerance = accuracy::bound(c.dtype);
-  expect_gradient_close(c, "dq", outs[0].dq, ref.dq.values(), tolerance);
-  expect_gradient_close(c, "dk", outs[0].dk, ref.dk.values(), tolerance);
-  EXPECT_TRUE(bitwise_equal(outs[0].dq, outs[1].dq)) << "dq";
-  EXPECT_TRUE(bitwise_equal(outs[0].dk, outs[1].dk)) << "dk";
+  for (int f = 0; f < int(outs.size()); ++f) {
+    SCOPED_TRACE(kNames[f]);
+    expect_gradient_close(c, "dq", outs[f].dq, ref.dq.values(), tolerance);
+    expect_gradient_close(c, "dk", outs[f].dk, ref.dk.values(), tolerance);
+    EXPECT_TRUE(bitwise_equal(outs[0].dq, outs[f].dq)) << "dq";
+    EXPECT_TRUE(bitwise_equal(outs[0].dk, outs[f].dk)) << "dk";
+  }
 }
 
 // Tiles of 1, 2 and 16 steps, more tiles than SMs (and 768 tiles of 2 steps: 5 or more per CTA on 132 SMs, so

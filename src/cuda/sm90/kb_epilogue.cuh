@@ -81,16 +81,16 @@ __device__ inline float kb_finish(float x, float scale) {
   return kFinish == KbFinish::kNone ? x : kFinish == KbFinish::kNegate ? -x : x * scale;
 }
 
-// dK of a tile = the accumulator of consumer w, finished (KbFinish), at its keys below Sk (zeros for a block
-// without steps); on the GPU the last dimension has stride 1 (validate.cpp).
-template <class Cfg, class Acc, class Coord>
+// dK of a tile = the accumulator of consumer w (its kKeys keys), finished (KbFinish), at its keys below Sk (zeros for
+// a block without steps); on the GPU the last dimension has stride 1 (validate.cpp).
+template <class Cfg, int kKeys = Cfg::kHalf, class Acc, class Coord>
 __device__ void kb_store_dk(const typename Cfg::Params& params, int w, const Acc& tdKrdK, const Coord& tdKcdK,
                             const KbWork<Cfg>& work) {
   using Element = typename Cfg::Element;
   const Problem& prob = params.prob;
   const Operand dk_op = prob.dk;
   const bool vector = aligned_rows<Element>(dk_op, 2);
-  const int64_t key0 = work.n0 + int64_t(w) * Cfg::kHalf;
+  const int64_t key0 = work.n0 + int64_t(w) * kKeys;
   Element* dk = static_cast<Element*>(dk_op.ptr) + dk_op.offset(work.b, work.kv_head, key0, 0);
   // Compiled for each case: where every key of the block is below Sk and a pair takes one 4-byte store (the
   // common case), without a check or a branch per pair (they were half of the epilogue's instructions); and per
@@ -104,7 +104,7 @@ __device__ void kb_store_dk(const typename Cfg::Params& params, int w, const Acc
       if (whole || key0 + c < prob.Sk) store_converted(dk + c * dk_op.sr + d, x, y, whole || vector);
     }
   };
-  const bool whole = vector && key0 + Cfg::kHalf <= prob.Sk;
+  const bool whole = vector && key0 + kKeys <= prob.Sk;
   with_kb_finish<Cfg>(prob, [&](auto finish) {
     if (whole) {
       store(std::true_type{}, finish);

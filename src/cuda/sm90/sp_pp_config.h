@@ -21,7 +21,7 @@ namespace qksoftmax::cuda::sm90 {
 
 using namespace cute;
 
-template <class Element_, int kHeadDim_>
+template <class Element_, int kHeadDim_, bool kDkWarpgroup_>
 struct SpPpConfig {
   using Element = Element_;
   static constexpr DType kDType = ElementTraits<Element>::kDType;
@@ -34,6 +34,10 @@ struct SpPpConfig {
   static constexpr int kConsumers = 2;
   static constexpr int kHalf = kBlockN / kConsumers;  // keys of a consumer's dK
   static constexpr bool kStaticTiles = true;          // KbTileWriter::claim: CTA c's tiles are c, c + grid, …
+  // kDkWarpgroup (the step benchmark's and kernel tests' second form; not dispatched): a fourth warpgroup holds dK
+  // of all 128 keys and adds each block's dSᵀ Q as soon as its owner has written dS (sp_pp_dk.cuh), so that the
+  // consumers hold no dK accumulator and their turns carry dQ and S alone (docs/DESIGN.md, the way down, 3).
+  static constexpr bool kDkWarpgroup = kDkWarpgroup_;
 
   // Rings. Q of block g is read by S(g) (issued in its owner's turn two blocks before), the owner's dK product and
   // the other consumer's (the first of their turns g and g + 1): four slots, the load of Q(g + 2) starting in the
@@ -103,9 +107,11 @@ struct SpPpConfig {
   using CopydP = decltype(make_tiled_copy_C(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, MmaS{}));
   using CopydS = decltype(make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, MmaS{}));
   // dK_w += dSᵀ Q: M = consumer w's 64 keys, N = D, K = the block's rows; dSᵀ keys-contiguous (MN-major), Q as
-  // (D, rows), MN-major.
+  // (D, rows), MN-major. The dK warpgroup's: M = all 128 keys (two m64 tiles).
   using MmadK = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<HF, HD, BM>, GMMA::Major::MN, GMMA::Major::MN>()));
+  using MmadKAll = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<BN, HD, BM>, GMMA::Major::MN, GMMA::Major::MN>()));
   // dQ = dS K: M = rows, N = D, K = keys; dS K-major, K as (D, keys), MN-major.
   using MmadQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<BM, HD, BN>, GMMA::Major::K, GMMA::Major::MN>()));
@@ -127,17 +133,26 @@ struct SpPpConfig {
   // Roles and registers (setmaxnreg within the launch allocation).
   static constexpr int kWarpgroupThreads = 128;
   static constexpr int kConsumerThreads = kWarpgroupThreads * kConsumers;
-  static constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);
+  static constexpr int kDkWarpgroupIndex = 1 + kConsumers;
+  static constexpr int kThreads = kWarpgroupThreads * (kDkWarpgroupIndex + (kDkWarpgroup ? 1 : 0));
   static constexpr int kCtasPerSm = 1;  // (shared memory): a persistent grid of one CTA per SM
   static constexpr int kLoadWarp = 0;   // Q, K and the tiles
   static constexpr int kDpWarp = 1;     // dP
+  // With a dK warpgroup the consumers give up dK's 64 registers and the dK warpgroup holds all 128 keys' (128).
   static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;
+  static constexpr int kConsumerRegs = kDkWarpgroup ? 160 : 240;
+  static constexpr int kDkRegs = 168;
   static constexpr int kLaunchRegs = 64 * 1024 / kThreads / 8 * 8;
-  static_assert(kWarpgroupThreads * (kProducerRegs + kConsumers * kConsumerRegs) <= kThreads * kLaunchRegs,
+  static_assert(kWarpgroupThreads * (kProducerRegs + kConsumers * kConsumerRegs + (kDkWarpgroup ? kDkRegs : 0)) <=
+                    kThreads * kLaunchRegs,
                 "the launch allocation holds the roles");
-  // Readers of the tile ring: every consumer thread and the dP load thread.
-  static constexpr int kTileReaders = kConsumerThreads + 1;
+  // Readers of the tile ring: every consumer thread, the dP load thread and the dK warpgroup's threads.
+  static constexpr int kTileReaders = kConsumerThreads + 1 + (kDkWarpgroup ? kWarpgroupThreads : 0);
+  // Q's readers that release its slots: both consumers (each reads every block's Q), or with a dK warpgroup the
+  // block's owner (its S) and the dK warpgroup: 256 threads either way.
+  static constexpr int kQReleasers = 2 * kWarpgroupThreads;
+  // Arrivals that free a dS buffer: its owner's and the other consumer's, or the owner's and the dK warpgroup's.
+  static constexpr int kDsReaders = 2 * kWarpgroupThreads;
   using Trace = NoTrace;  // the step micro-benchmark's configs time the phases (trace.h)
 
   // Named barriers (numbered after CUTLASS's reserved ones): the turns (consumer w syncs kTurnBarrier + w, the
@@ -161,8 +176,11 @@ struct SpPpConfig {
     int tile_index[kTileSlots];
     alignas(8) uint64_t k_full[kKBuffers];   // K of a tile loaded (TMA's transaction count)
     alignas(8) uint64_t k_empty[kKBuffers];  // its last products, every consumer thread's, complete
-    // By dS buffer: its block's three products done (every consumer thread arrives once its own are).
+    // By dS buffer: its block's three products done (every consumer thread arrives once its own are; with a dK
+    // warpgroup, the owner's and the dK warpgroup's threads).
     alignas(8) uint64_t ds_free[kDsBuffers];
+    // With a dK warpgroup, by dS buffer: its block's dS written (its owner's 128 threads arrive).
+    alignas(8) uint64_t ds_full[kDkWarpgroup ? kDsBuffers : 1];
   };
   static constexpr int kSmemBytes = int(sizeof(Storage));
   static_assert(kSmemBytes <= kSm90SmemPerCta, "the pingpong single pass's shared memory exceeds a CTA's 227 KB");
@@ -174,5 +192,11 @@ struct SpPpConfig {
     TileOrder order;
   };
 };
+
+// A ring's slot and phase for the CTA's block g (every role counts the same blocks).
+template <int kStages>
+__device__ inline cutlass::PipelineState<kStages> block_state(int g) {
+  return cutlass::PipelineState<kStages>(g % kStages, uint32_t(g / kStages) & 1, g);
+}
 
 }  // namespace qksoftmax::cuda::sm90

@@ -1,5 +1,6 @@
-// The pingpong single pass's kernel (sp_pp_config.h): two producer threads (sp_pp_producer.cuh) and two consumer
-// warpgroups that take alternate row blocks in turns (sp_pp_mainloop.cuh), with setmaxnreg; the Q and dP rings
+// The pingpong single pass's kernel (sp_pp_config.h): two producer threads (sp_pp_producer.cuh), two consumer
+// warpgroups that take alternate row blocks in turns (sp_pp_mainloop.cuh) and, with kDkWarpgroup, a warpgroup
+// that owns dK (sp_pp_dk.cuh), with setmaxnreg; the Q and dP rings
 // (CUTLASS PipelineTmaAsync), the tile ring (PipelineAsync), K's barriers and the dS buffers' barriers.
 // Persistent: one CTA per SM, or one per tile where there are fewer, its tiles dealt statically.
 #pragma once
@@ -7,6 +8,7 @@
 #include <cutlass/arch/reg_reconfig.h>
 
 #include "cuda/sm90/sp_pp_config.h"
+#include "cuda/sm90/sp_pp_dk.cuh"
 #include "cuda/sm90/sp_pp_mainloop.cuh"
 #include "cuda/sm90/sp_pp_producer.cuh"
 
@@ -32,7 +34,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   q_params.transaction_bytes = Cfg::kQBytes;
   q_params.role = role;
   q_params.is_leader = q_thread;
-  q_params.num_consumers = Cfg::kConsumerThreads;  // both consumers read every Q
+  q_params.num_consumers = Cfg::kQReleasers;
   QPipeline q_pipe(st.q_pipe, q_params, Shape<_1, _1, _1>{});
   typename PPipeline::Params p_params;
   p_params.transaction_bytes = Cfg::kPBytes;
@@ -54,7 +56,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
       Cfg::TxBarrier::init(&st.k_full[b], 1);
       cutlass::arch::ClusterBarrier::init(&st.k_empty[b], Cfg::kConsumerThreads);
     }
-    for (int b = 0; b < Cfg::kDsBuffers; ++b) cutlass::arch::ClusterBarrier::init(&st.ds_free[b], Cfg::kConsumerThreads);
+    for (int b = 0; b < Cfg::kDsBuffers; ++b) {
+      cutlass::arch::ClusterBarrier::init(&st.ds_free[b], Cfg::kDsReaders);
+      if constexpr (Cfg::kDkWarpgroup) cutlass::arch::ClusterBarrier::init(&st.ds_full[b], Cfg::kWarpgroupThreads);
+    }
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();  // every barrier initialised before any use
@@ -63,9 +68,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
     if (q_thread) SpPpProducer<Cfg>{params, st}.load_q(q_pipe);
     if (dp_thread) SpPpProducer<Cfg>{params, st}.load_dp(p_pipe);
-  } else {
+  } else if (warpgroup < Cfg::kDkWarpgroupIndex) {
     cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
     SpPpMainloop<Cfg>{params, st, warpgroup - 1}.run(q_pipe, p_pipe);
+  } else if constexpr (Cfg::kDkWarpgroup) {
+    cutlass::arch::warpgroup_reg_alloc<Cfg::kDkRegs>();
+    SpPpDkWarpgroup<Cfg>{params, st}.run(q_pipe);
   }
 }
 

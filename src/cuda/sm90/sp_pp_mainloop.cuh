@@ -22,12 +22,6 @@
 
 namespace qksoftmax::cuda::sm90 {
 
-// A ring's slot and phase for the CTA's block g (every role counts the same blocks).
-template <int kStages>
-__device__ inline cutlass::PipelineState<kStages> block_state(int g) {
-  return cutlass::PipelineState<kStages>(g % kStages, uint32_t(g / kStages) & 1, g);
-}
-
 template <class Cfg>
 struct SpPpMainloop {
   using Element = typename Cfg::Element;
@@ -46,6 +40,7 @@ struct SpPpMainloop {
   int w;  // this consumer, 0 or 1
 
   __device__ void run(QPipeline& q_pipe, PPipeline& p_pipe) {
+    constexpr bool kDkWarpgroup = Cfg::kDkWarpgroup;  // dK is the dK warpgroup's, not the consumers'
     const Problem& prob = params.prob;
     const int tid = threadIdx.x % Cfg::kWarpgroupThreads;
     const int other = 1 - w;
@@ -69,7 +64,7 @@ struct SpPpMainloop {
     const Tensor tSsK = thr_s.partition_fragment_B(sK);  // (MMA, 1, D/16, KB) descriptors
     typename Cfg::MmadK mma_dk;
     auto thr_dk = mma_dk.get_thread_slice(tid);
-    Tensor tdKrdK = partition_fragment_C(mma_dk, Shape<HF, HD>{});                             // (MMA, 1, 1) fp32
+    Tensor tdKrdK = partition_fragment_C(mma_dk, Shape<HF, HD>{});  // (MMA, 1, 1) fp32 (unused with a dK warpgroup)
     const Tensor tdKsdS = thr_dk.partition_fragment_A(Cfg::consumer_keys(sdSt, w));  // (MMA, 1, BM/16, DB)
     const Tensor tdKsQ = thr_dk.partition_fragment_B(sQt);                           // (MMA, 1, BM/16, QS)
     typename Cfg::MmadQ mma_dq;
@@ -106,8 +101,10 @@ struct SpPpMainloop {
       const KbWork<Cfg> work(params.order, tile);
       const int g0 = g, g_end = g + work.steps;
       const KBufferUse<Cfg> k_use(k_loads);
-      mma_dk.accumulate_ = GMMA::ScaleOut::One;
-      clear(tdKrdK);
+      if constexpr (!kDkWarpgroup) {
+        mma_dk.accumulate_ = GMMA::ScaleOut::One;
+        clear(tdKrdK);
+      }
       // This consumer's first block of the tile and its row block (the cursor walks every block of the tile).
       StepCursor at = work.first();
       int j = g0 + ((g0 ^ w) & 1);
@@ -139,6 +136,7 @@ struct SpPpMainloop {
         p_pipe.consumer_wait(p_state);
         warpgroup_wait<0>();
         warpgroup_fence_operand(tSrS);
+        if constexpr (kDkWarpgroup) q_pipe.consumer_release(q_state);  // its S done (dK reads it in its warpgroup)
         FragS16 tSrdP;  // (MMA, 1, 1)
         load_matrices(dp_addr, uint32_t(p_state.index()) * kPTileBytes,
                       typename Cfg::CopydP{}.get_thread_slice(tid).retile_D(tSrdP));
@@ -155,7 +153,11 @@ struct SpPpMainloop {
         store_matrices(ds_addr, uint32_t(ds_buffer(j)) * kPTileBytes,
                        typename Cfg::CopydS{}.get_thread_slice(tid).retile_S(tSrdS));
         cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
-        if (last) cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTileDsBarrier);
+        if constexpr (kDkWarpgroup) {
+          cutlass::arch::ClusterBarrier::arrive(&st.ds_full[ds_buffer(j)]);  // (for the dK warpgroup)
+        } else if (last) {
+          cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTileDsBarrier);
+        }
         trace.mark(PpTracePhase::kStoreDs);
 
         // The turn (its own named barrier, opened by the other consumer's end of turn, after which its dS of block
@@ -206,7 +208,36 @@ struct SpPpMainloop {
           p_pipe.consumer_release(p_state);
           trace.mark(PpTracePhase::kStoreDq);
         };
-        if (prev) {
+        // With a dK warpgroup, the turn: dQ(j) and S(j + 2); dS(j) announced read once dQ is done.
+        const auto turn_dq_s = [&](auto has_next) __attribute__((always_inline)) {
+          constexpr bool kNext = decltype(has_next)::value;
+          FragdQ tdQrdQ;  // (MMA, 1, 1) fp32
+          warpgroup_mma<size<2>(decltype(tdQsdS.layout()){}), true, false>(mma_dq, tdQsdS(_, _, _, ds_buffer(j)),
+                                                                           tdQsK(_, _, _, k_use.buffer), tdQrdQ);
+          if constexpr (kNext) {
+            const auto q_next = block_state<kQStages>(j + 2);
+            q_pipe.consumer_wait(q_next);
+            warpgroup_mma<size<2>(decltype(tSsQ.layout()){}), true, false>(mma_s, tSsQ(_, _, _, q_next.index()),
+                                                                          tSsK(_, _, _, k_use.buffer), tSrS);
+          }
+          cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTurnBarrier + other);
+          trace.mark(PpTracePhase::kIssue);
+          warpgroup_wait<kNext ? 1 : 0>();
+          warpgroup_fence_operand(tdQrdQ);
+          cutlass::arch::ClusterBarrier::arrive(&st.ds_free[ds_buffer(j)]);
+          trace.mark(PpTracePhase::kWaitProducts);
+          store(tdQrdQ, dq_addr, p_state.index(), Cfg::kDqStagedBarrier + w, work.b, head, m0);
+          if (tid == 0) tma_store_wait<0>();
+          p_pipe.consumer_release(p_state);
+          trace.mark(PpTracePhase::kStoreDq);
+        };
+        if constexpr (kDkWarpgroup) {
+          if (next) {
+            turn_dq_s(std::true_type{});
+          } else {
+            turn_dq_s(std::false_type{});
+          }
+        } else if (prev) {
           if (next) {
             turn(std::true_type{}, std::true_type{});
           } else {
@@ -223,7 +254,7 @@ struct SpPpMainloop {
         // K is read no more by this consumer (its last S and dQ products are done).
         cutlass::arch::ClusterBarrier::arrive(&st.k_empty[k_use.buffer]);
         // The tile's last block is the other consumer's: its dS into dK_w.
-        if (((g_end - 1) & 1) != w) {
+        if (!kDkWarpgroup && ((g_end - 1) & 1) != w) {
           cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kTileDsBarrier);
           const auto q_last = block_state<kQStages>(g_end - 1);
           q_pipe.consumer_wait(q_last);
@@ -237,7 +268,9 @@ struct SpPpMainloop {
           q_pipe.consumer_release(q_last);
         }
       }
-      kb_store_dk<Cfg>(params, w, tdKrdK, thr_dk.partition_C(make_identity_tensor(Shape<HF, HD>{})), work);
+      if constexpr (!kDkWarpgroup) {
+        kb_store_dk<Cfg>(params, w, tdKrdK, thr_dk.partition_C(make_identity_tensor(Shape<HF, HD>{})), work);
+      }
       trace.mark(PpTracePhase::kTileEnd);
     }
     // The last turn opened one that nobody takes: its owner passes it, so that no barrier keeps arrivals.

@@ -85,6 +85,13 @@ enum class PpTracePhase : int {
   kCount
 };
 static_assert(int(PpTracePhase::kCount) <= int(KbTracePhase::kCount), "a trace holds the key-block pass's phases");
+// Its dK warpgroup (sp_pp_dk.cuh; KbTraceRole's kDq), in the order of a block.
+enum class PpDkTracePhase : int {
+  kDsWait,   // the block's dS written, its Q loaded
+  kProduct,  // dK += dSᵀ Q issued and done, the dS buffer and the Q slot freed
+  kTileEnd,  // per tile: dK stored, the next tile read from the ring
+  kCount
+};
 
 struct NoTrace {
   template <class Role>

@@ -174,12 +174,14 @@ struct SpPpMainloop {
         // through the stack.)
         const auto turn = [&](auto has_prev, auto has_next) __attribute__((always_inline)) {
           constexpr bool kPrev = decltype(has_prev)::value, kNext = decltype(has_next)::value;
-          if constexpr (kPrev) q_pipe.consumer_wait(q_prev);  // (its owner awaited it; this consumer reads it too)
-          warpgroup_fence_operand(tdKrdK);
-          warpgroup_arrive();
-          if constexpr (kPrev) add_dk(ds_buffer(j - 1), q_prev.index());
-          add_dk(ds_buffer(j), q_state.index());
-          warpgroup_commit_batch();
+          if constexpr (!kDkWarpgroup) {  // (with a dK warpgroup, dK is its own)
+            if constexpr (kPrev) q_pipe.consumer_wait(q_prev);  // (its owner awaited it; this consumer reads it too)
+            warpgroup_fence_operand(tdKrdK);
+            warpgroup_arrive();
+            if constexpr (kPrev) add_dk(ds_buffer(j - 1), q_prev.index());
+            add_dk(ds_buffer(j), q_state.index());
+            warpgroup_commit_batch();
+          }
           FragdQ tdQrdQ;  // (MMA, 1, 1) fp32
           warpgroup_mma<size<2>(decltype(tdQsdS.layout()){}), true, false>(mma_dq, tdQsdS(_, _, _, ds_buffer(j)),
                                                                            tdQsK(_, _, _, k_use.buffer), tdQrdQ);
@@ -192,37 +194,16 @@ struct SpPpMainloop {
           cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTurnBarrier + other);
           trace.mark(PpTracePhase::kIssue);
           constexpr int kAfterDq = kNext ? 1 : 0;  // batches issued after dQ's
-          warpgroup_wait<kAfterDq + 1>();
-          warpgroup_fence_operand(tdKrdK);
-          if constexpr (kPrev) {
-            cutlass::arch::ClusterBarrier::arrive(&st.ds_free[ds_buffer(j - 1)]);
-            q_pipe.consumer_release(q_prev);
+          if constexpr (!kDkWarpgroup) {
+            warpgroup_wait<kAfterDq + 1>();
+            warpgroup_fence_operand(tdKrdK);
+            if constexpr (kPrev) {
+              cutlass::arch::ClusterBarrier::arrive(&st.ds_free[ds_buffer(j - 1)]);
+              q_pipe.consumer_release(q_prev);
+            }
+            q_pipe.consumer_release(q_state);
           }
-          q_pipe.consumer_release(q_state);
           warpgroup_wait<kAfterDq>();
-          warpgroup_fence_operand(tdQrdQ);
-          cutlass::arch::ClusterBarrier::arrive(&st.ds_free[ds_buffer(j)]);
-          trace.mark(PpTracePhase::kWaitProducts);
-          store(tdQrdQ, dq_addr, p_state.index(), Cfg::kDqStagedBarrier + w, work.b, head, m0);
-          if (tid == 0) tma_store_wait<0>();
-          p_pipe.consumer_release(p_state);
-          trace.mark(PpTracePhase::kStoreDq);
-        };
-        // With a dK warpgroup, the turn: dQ(j) and S(j + 2); dS(j) announced read once dQ is done.
-        const auto turn_dq_s = [&](auto has_next) __attribute__((always_inline)) {
-          constexpr bool kNext = decltype(has_next)::value;
-          FragdQ tdQrdQ;  // (MMA, 1, 1) fp32
-          warpgroup_mma<size<2>(decltype(tdQsdS.layout()){}), true, false>(mma_dq, tdQsdS(_, _, _, ds_buffer(j)),
-                                                                           tdQsK(_, _, _, k_use.buffer), tdQrdQ);
-          if constexpr (kNext) {
-            const auto q_next = block_state<kQStages>(j + 2);
-            q_pipe.consumer_wait(q_next);
-            warpgroup_mma<size<2>(decltype(tSsQ.layout()){}), true, false>(mma_s, tSsQ(_, _, _, q_next.index()),
-                                                                          tSsK(_, _, _, k_use.buffer), tSrS);
-          }
-          cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTurnBarrier + other);
-          trace.mark(PpTracePhase::kIssue);
-          warpgroup_wait<kNext ? 1 : 0>();
           warpgroup_fence_operand(tdQrdQ);
           cutlass::arch::ClusterBarrier::arrive(&st.ds_free[ds_buffer(j)]);
           trace.mark(PpTracePhase::kWaitProducts);
@@ -233,9 +214,9 @@ struct SpPpMainloop {
         };
         if constexpr (kDkWarpgroup) {
           if (next) {
-            turn_dq_s(std::true_type{});
+            turn(std::false_type{}, std::true_type{});
           } else {
-            turn_dq_s(std::false_type{});
+            turn(std::false_type{}, std::false_type{});
           }
         } else if (prev) {
           if (next) {

@@ -14,6 +14,21 @@
 
 namespace qksoftmax::cuda::sm90 {
 
+// K of a tile's key block (keys past Sk arrive as zeros) into the K buffer of its turn, once that buffer's last
+// readers (the tile that used it kKBuffers tiles before) are done; k_loads counts the CTA's K loads so far.
+// mK: K as TMA sees it, (keys, d, key head, batch); sK: (BN, D, KB).
+template <class Cfg, class GlobalK, class SharedK>
+__device__ void kb_load_k(const typename Cfg::Params& params, typename Cfg::Storage& st, const KbWork<Cfg>& work,
+                          const GlobalK& mK, SharedK& sK, int& k_loads) {
+  const KBufferUse<Cfg> use(k_loads);
+  if (k_loads >= Cfg::kKBuffers) cutlass::arch::ClusterBarrier::wait(&st.k_empty[use.buffer], use.phase ^ 1);
+  ++k_loads;
+  Cfg::TxBarrier::arrive_and_expect_tx(&st.k_full[use.buffer], Cfg::kKBytes);
+  Tensor gK = local_tile(mK(_, _, work.kv_head, work.b), Shape<typename Cfg::BN, typename Cfg::HD>{},
+                         make_coord(work.nb, 0));  // (BN, D)
+  tma_load_tile(params.tma.k, st.k_full[use.buffer], gK, sK(_, _, use.buffer));
+}
+
 template <class Cfg>
 struct KbProducer {
   using BM = typename Cfg::BM;
@@ -66,17 +81,9 @@ struct KbProducer {
           Tensor gP = local_tile(mP(_, _, h, work.b), Shape<BM, BN>{}, make_coord(mb, work.nb));  // (BM, BN)
           tma_load_tile(tma.p, *full, gP, sP(_, _, stage));
         }
-        if (t == 0) {
-          // K of the block (keys past Sk arrive as zeros), after the tile's first stage: with one K buffer
-          // the wait below lasts until the previous tile's last dQ product, and that stage need not wait
-          // with it.
-          const KBufferUse<Cfg> use(k_loads);
-          if (k_loads >= Cfg::kKBuffers) cutlass::arch::ClusterBarrier::wait(&st.k_empty[use.buffer], use.phase ^ 1);
-          ++k_loads;
-          Cfg::TxBarrier::arrive_and_expect_tx(&st.k_full[use.buffer], Cfg::kKBytes);
-          Tensor gK = local_tile(mK(_, _, work.kv_head, work.b), Shape<BN, HD>{}, make_coord(work.nb, 0));  // (BN, D)
-          tma_load_tile(tma.k, st.k_full[use.buffer], gK, sK(_, _, use.buffer));
-        }
+        // K of the block after the tile's first stage: with one K buffer its wait lasts until the previous
+        // tile's last dQ product, and that stage need not wait with it.
+        if (t == 0) kb_load_k<Cfg>(params, st, work, mK, sK, k_loads);
         trace.mark(KbTracePhase::kIssueLoads);
       }
     }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include "cuda/sm90/kb_config.h"
+#include "cuda/sm90/kb_producer.cuh"
 #include "cuda/sm90/sp_pp_config.h"
 #include "cuda/sm90/trace.h"
 
@@ -46,15 +47,7 @@ struct SpPpProducer {
         trace.mark(KbTracePhase::kAcquire);
         Tensor gQ = local_tile(mQ(_, _, h, work.b), Shape<BM, HD>{}, make_coord(mb, 0));  // (BM, D)
         tma_load_tile(tma.q, *q_pipe.producer_get_barrier(state), gQ, sQ(_, _, state.index()));
-        if (t == 0) {
-          // K of the block (keys past Sk arrive as zeros), after the tile's first Q.
-          const KBufferUse<Cfg> use(k_loads);
-          if (k_loads >= Cfg::kKBuffers) cutlass::arch::ClusterBarrier::wait(&st.k_empty[use.buffer], use.phase ^ 1);
-          ++k_loads;
-          Cfg::TxBarrier::arrive_and_expect_tx(&st.k_full[use.buffer], Cfg::kKBytes);
-          Tensor gK = local_tile(mK(_, _, work.kv_head, work.b), Shape<BN, HD>{}, make_coord(work.nb, 0));  // (BN, D)
-          tma_load_tile(tma.k, st.k_full[use.buffer], gK, sK(_, _, use.buffer));
-        }
+        if (t == 0) kb_load_k<Cfg>(params, st, work, mK, sK, k_loads);  // K of the block, after its first Q
         trace.mark(KbTracePhase::kIssueLoads);
       }
     }

@@ -299,8 +299,8 @@ TEST_P(GpuSinglePassRepeat, TwoRunsBitwiseEqual) {
 
 INSTANTIATE_TEST_SUITE_P(Modes, GpuSinglePassRepeat, ::testing::ValuesIn(kAllVariants), variant_param_name);
 
-// The single pass on the key-block machinery (recompute rows of up to 128 keys, src/cuda/sm90/sp_config.h): more
-// tiles than SMs (each CTA walks several, alternating its K buffers), one step a tile, grouped query heads,
+// The pingpong single pass (recompute rows of up to 128 keys, src/cuda/sm90/sp_pp_config.h): more tiles than SMs
+// (each CTA walks several, alternating its K buffers), one block a tile, grouped query heads,
 // more rows than keys and fewer, a scale that dS must not fold wrongly (negative, above 1), dQ with padded rows. The sweeps above
 // reach it at their small sizes too; these are its own edges.
 std::vector<Case> keyblock_single_pass_cases() {

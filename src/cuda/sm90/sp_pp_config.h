@@ -98,7 +98,11 @@ struct SpPpConfig {
       SmemLayoutdQ{}));
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
-  static constexpr uint32_t kPBytes = kBlockM * kBlockN * sizeof(Element);
+  static constexpr uint32_t kPBytes = kBlockM * kBlockN * sizeof(Element);  // a (BM, BN) tile: a dP slot, a dS buffer
+  static_assert(cosize_v<SmemLayoutdS2> == kDsBuffers * kBlockM * kBlockN, "dS buffers are whole tiles");
+  // Block g's dS buffer, and the parity of that buffer's barrier phases that block g's use completes.
+  CUTE_HOST_DEVICE static constexpr int ds_buffer(int g) { return g % kDsBuffers; }
+  CUTE_HOST_DEVICE static constexpr uint32_t ds_phase(int g) { return uint32_t(g / kDsBuffers) & 1; }
 
   // S = Q Kᵀ: M = the block's 64 rows, N = the 128 keys, K = D; both K-major. A thread holds 2 rows × 32 keys, a
   // row's keys in one quad. dP into that layout by ldmatrix, dS out of it by stmatrix.

@@ -40,8 +40,8 @@ struct SpPpDkWarpgroup {
       mma_dk.accumulate_ = GMMA::ScaleOut::One;
       clear(tdKrdK);
       for (int t = 0; t < work.steps; ++t, ++g) {
-        const int buf = g % Cfg::kDsBuffers;
-        cutlass::arch::ClusterBarrier::wait(&st.ds_full[buf], uint32_t(g / Cfg::kDsBuffers) & 1);
+        const int buf = Cfg::ds_buffer(g);
+        cutlass::arch::ClusterBarrier::wait(&st.ds_full[buf], Cfg::ds_phase(g));
         const auto q_state = block_state<Cfg::kQStages>(g);
         q_pipe.consumer_wait(q_state);  // (the owner awaited it for S; this warpgroup reads it too)
         trace.mark(PpDkTracePhase::kDsWait);

@@ -26,14 +26,13 @@ template <class Cfg>
 struct SpPpMainloop {
   using Element = typename Cfg::Element;
   using BM = typename Cfg::BM;
-  using BN = typename Cfg::BN;
   using HD = typename Cfg::HD;
   using HF = typename Cfg::HF;
   using QPipeline = typename Cfg::QPipeline;
   using PPipeline = typename Cfg::PPipeline;
   static constexpr int kBlockM = Cfg::kBlockM;
   static constexpr int kQStages = Cfg::kQStages, kPStages = Cfg::kPStages;
-  static constexpr uint32_t kPTileBytes = Cfg::kPBytes;
+  static constexpr uint32_t kTileBytes = Cfg::kPBytes;  // a dP slot or a dS buffer further
 
   const typename Cfg::Params& params;
   typename Cfg::Storage& st;
@@ -88,9 +87,6 @@ struct SpPpMainloop {
         gemm(mma_dk, tdKsdS(_, _, kb, ds_buf), tdKsQ(_, _, kb, q_slot), tdKrdK);
       }
     };
-    // Block g's dS buffer, and the phase of its barrier that block g's use completes.
-    const auto ds_buffer = [](int g) { return g % Cfg::kDsBuffers; };
-    const auto ds_phase = [](int g) { return uint32_t(g / Cfg::kDsBuffers) & 1; };
 
     int g = 0;        // the CTA's blocks so far (both consumers')
     int k_loads = 0;  // tiles with blocks so far
@@ -138,7 +134,7 @@ struct SpPpMainloop {
         warpgroup_fence_operand(tSrS);
         if constexpr (kDkWarpgroup) q_pipe.consumer_release(q_state);  // its S done (dK reads it in its warpgroup)
         FragS16 tSrdP;  // (MMA, 1, 1)
-        load_matrices(dp_addr, uint32_t(p_state.index()) * kPTileBytes,
+        load_matrices(dp_addr, uint32_t(p_state.index()) * kTileBytes,
                       typename Cfg::CopydP{}.get_thread_slice(tid).retile_D(tSrdP));
         trace.mark(PpTracePhase::kWaitS);
         const bool cut = softmax.cut(m0);
@@ -148,13 +144,13 @@ struct SpPpMainloop {
         softmax.ds(tSrS, tSrdP, cut, f, fd, tSrdS);
         trace.mark(PpTracePhase::kSoftmax);
         // dS(j)'s buffer: block j − 3's products (both consumers') done.
-        if (j >= Cfg::kDsBuffers) cutlass::arch::ClusterBarrier::wait(&st.ds_free[ds_buffer(j)], ds_phase(j - 3));
+        if (j >= Cfg::kDsBuffers) cutlass::arch::ClusterBarrier::wait(&st.ds_free[Cfg::ds_buffer(j)], Cfg::ds_phase(j - Cfg::kDsBuffers));
         trace.mark(PpTracePhase::kDsFree);
-        store_matrices(ds_addr, uint32_t(ds_buffer(j)) * kPTileBytes,
+        store_matrices(ds_addr, uint32_t(Cfg::ds_buffer(j)) * kTileBytes,
                        typename Cfg::CopydS{}.get_thread_slice(tid).retile_S(tSrdS));
         cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
         if constexpr (kDkWarpgroup) {
-          cutlass::arch::ClusterBarrier::arrive(&st.ds_full[ds_buffer(j)]);  // (for the dK warpgroup)
+          cutlass::arch::ClusterBarrier::arrive(&st.ds_full[Cfg::ds_buffer(j)]);  // (for the dK warpgroup)
         } else if (last) {
           cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTileDsBarrier);
         }
@@ -178,12 +174,12 @@ struct SpPpMainloop {
             if constexpr (kPrev) q_pipe.consumer_wait(q_prev);  // (its owner awaited it; this consumer reads it too)
             warpgroup_fence_operand(tdKrdK);
             warpgroup_arrive();
-            if constexpr (kPrev) add_dk(ds_buffer(j - 1), q_prev.index());
-            add_dk(ds_buffer(j), q_state.index());
+            if constexpr (kPrev) add_dk(Cfg::ds_buffer(j - 1), q_prev.index());
+            add_dk(Cfg::ds_buffer(j), q_state.index());
             warpgroup_commit_batch();
           }
           FragdQ tdQrdQ;  // (MMA, 1, 1) fp32
-          warpgroup_mma<size<2>(decltype(tdQsdS.layout()){}), true, false>(mma_dq, tdQsdS(_, _, _, ds_buffer(j)),
+          warpgroup_mma<size<2>(decltype(tdQsdS.layout()){}), true, false>(mma_dq, tdQsdS(_, _, _, Cfg::ds_buffer(j)),
                                                                            tdQsK(_, _, _, k_use.buffer), tdQrdQ);
           if constexpr (kNext) {
             const auto q_next = block_state<kQStages>(j + 2);
@@ -198,14 +194,14 @@ struct SpPpMainloop {
             warpgroup_wait<kAfterDq + 1>();
             warpgroup_fence_operand(tdKrdK);
             if constexpr (kPrev) {
-              cutlass::arch::ClusterBarrier::arrive(&st.ds_free[ds_buffer(j - 1)]);
+              cutlass::arch::ClusterBarrier::arrive(&st.ds_free[Cfg::ds_buffer(j - 1)]);
               q_pipe.consumer_release(q_prev);
             }
             q_pipe.consumer_release(q_state);
           }
           warpgroup_wait<kAfterDq>();
           warpgroup_fence_operand(tdQrdQ);
-          cutlass::arch::ClusterBarrier::arrive(&st.ds_free[ds_buffer(j)]);
+          cutlass::arch::ClusterBarrier::arrive(&st.ds_free[Cfg::ds_buffer(j)]);
           trace.mark(PpTracePhase::kWaitProducts);
           store(tdQrdQ, dq_addr, p_state.index(), Cfg::kDqStagedBarrier + w, work.b, head, m0);
           if (tid == 0) tma_store_wait<0>();
@@ -241,11 +237,11 @@ struct SpPpMainloop {
           q_pipe.consumer_wait(q_last);
           warpgroup_fence_operand(tdKrdK);
           warpgroup_arrive();
-          add_dk(ds_buffer(g_end - 1), q_last.index());
+          add_dk(Cfg::ds_buffer(g_end - 1), q_last.index());
           warpgroup_commit_batch();
           warpgroup_wait<0>();
           warpgroup_fence_operand(tdKrdK);
-          cutlass::arch::ClusterBarrier::arrive(&st.ds_free[ds_buffer(g_end - 1)]);
+          cutlass::arch::ClusterBarrier::arrive(&st.ds_free[Cfg::ds_buffer(g_end - 1)]);
           q_pipe.consumer_release(q_last);
         }
       }

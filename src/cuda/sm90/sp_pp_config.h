@@ -5,12 +5,13 @@
 // runs while the other's products keep the tensor cores busy. Per CTA:
 //   warpgroup 0    producer: warp 0 (one thread) takes the tiles (dealt statically), publishes them in the tile
 //                  ring and loads K per tile and Q per block (Q ring); warp 1 (one thread) loads dP per block
-//                  (dP ring), which is freed earlier than Q (its owner alone reads it);
+//                  (dP ring), which is freed earlier than Q (its owner alone reads it), and stores each block's
+//                  dQ from its dP slot before it loads the slot again;
 //   warpgroups 1-2 consumers: block g is warpgroup g mod 2's. Its owner computes S = Q Kᵀ (64 rows × 128 keys),
 //                  the row statistics and dS in registers, writes dS to its dS buffer, and in its turn issues
 //                  dK_w += dSᵀ Q for the other's previous block and its own (each warpgroup accumulates dK of
-//                  its 64 keys over every block), dQ = dS K and S of its next block; then stores dQ by TMA
-//                  through the block's dP slot (sp_pp_mainloop.cuh).
+//                  its 64 keys over every block), dQ = dS K and S of its next block; then stages dQ in the
+//                  block's dP slot (sp_pp_mainloop.cuh).
 // No statistics pass, no workspace, no atomics: the sums run in a fixed order (deterministic by construction).
 #pragma once
 
@@ -42,7 +43,8 @@ struct SpPpConfig {
   // Rings. Q of block g is read by S(g) (issued in its owner's turn two blocks before), the owner's dK product and
   // the other consumer's (the first of their turns g and g + 1): four slots, the load of Q(g + 2) starting in the
   // turn of block g − 1. dP of block g is read by its owner's
-  // ldmatrix and then holds the block's dQ for its TMA store: three slots. K of two tiles, so that the next tile's
+  // ldmatrix and then holds the block's dQ for its TMA store, which the dP load thread issues and awaits before
+  // it loads the slot again: three slots. K of two tiles, so that the next tile's
   // K loads under this one. dS of block g is read by its owner's dQ and dK products and by the other consumer's dK
   // product in its next turn: three buffers in rotation, so that a buffer's next writer (block g + 3's owner,
   // after its S(g + 3), which follows that dK product in its own turn) finds it read.
@@ -160,12 +162,10 @@ struct SpPpConfig {
   using Trace = NoTrace;  // the step micro-benchmark's configs time the phases (trace.h)
 
   // Named barriers (numbered after CUTLASS's reserved ones): the turns (consumer w syncs kTurnBarrier + w, the
-  // other arrives), the tile's last dS written (its owner arrives, the other syncs), and a consumer's dQ staged
-  // (its 128 threads).
-  static constexpr uint32_t kTurnBarrier = 0;      // + consumer
-  static constexpr uint32_t kTileDsBarrier = 2;
-  static constexpr uint32_t kDqStagedBarrier = 3;  // + consumer
-  static_assert(kDqStagedBarrier + kConsumers + cutlass::arch::NamedBarrier::ReservedNamedBarrierCount <=
+  // other arrives) and the tile's last dS written (its owner arrives, the other syncs).
+  static constexpr uint32_t kTurnBarrier = 0;  // + consumer
+  static constexpr uint32_t kTileDsBarrier = kTurnBarrier + kConsumers;
+  static_assert(kTileDsBarrier + 1 + cutlass::arch::NamedBarrier::ReservedNamedBarrierCount <=
                     cutlass::arch::NamedBarrier::HardwareMaxNumNamedBarriers,
                 "the named barriers fit the hardware's 16 after CUTLASS's reserved ones");
 
@@ -178,6 +178,7 @@ struct SpPpConfig {
     typename PPipeline::SharedStorage p_pipe;
     typename TilePipeline::SharedStorage tile_pipe;
     int tile_index[kTileSlots];
+    int32_t dq_block[kPStages][3];  // by dP slot: its block's (batch, head, row block), for the dQ store (dP thread)
     alignas(8) uint64_t k_full[kKBuffers];   // K of a tile loaded (TMA's transaction count)
     alignas(8) uint64_t k_empty[kKBuffers];  // its last products, every consumer thread's, complete
     // By dS buffer: its block's three products done (every consumer thread arrives once its own are; with a dK

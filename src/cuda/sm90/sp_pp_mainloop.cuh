@@ -6,7 +6,7 @@
 //   other's block before, where the tile has it) + dS(j)ᵀ Q(j), then dQ(j) = dS(j) K, then S(j + 2) (where the
 //   tile has it), each a batch; then the other's turn opened;
 //   as they complete: the Q slots handed back and both dS buffers announced read; dQ(j) staged in dP(j)'s slot
-//   and stored by TMA, the slot handed back once the store has read it.
+//   and the slot handed back: the dP load thread stores dQ(j) from it by TMA before it loads the slot again.
 // S(j + 2) runs during the other consumer's element-wise work and turn, and each warpgroup's exponentials and
 // reductions under the other's products. At a tile's end the consumer that does not own the last block adds that
 // block's dK (its dS announced by kTileDsBarrier); each stores dK of its 64 keys.
@@ -76,9 +76,9 @@ struct SpPpMainloop {
     // dS in buffer 0 (a slot or buffer is one whole tile further).
     const auto dp_addr = matrix_addresses(typename Cfg::CopydP{}.get_thread_slice(tid).partition_S(sdP(_, _, 0)));
     const auto ds_addr = matrix_addresses(typename Cfg::CopydS{}.get_thread_slice(tid).partition_D(sdS(_, _, 0)));
-    // dQ staged in its block's dP slot and stored by TMA (SpDqStore).
-    const SpDqStore<Cfg> store{params, st.dp.data(), tid};
-    const auto dq_addr = store.addresses();  // (A, CPY_M, CPY_N) of slot 0
+    // dQ staged in its block's dP slot (SpDqStore), from where the dP load thread stores it.
+    const SpDqStore<Cfg> dq_out{params, st.dp.data()};
+    const auto dq_addr = dq_out.addresses(tid);  // (A, CPY_M, CPY_N) of slot 0
 
     // dK_w over a block's rows: its A operand from the block's dS buffer, Q from the block's slot.
     const auto add_dk = [&](int ds_buf, int q_slot) {
@@ -118,7 +118,6 @@ struct SpPpMainloop {
       }
       trace.mark(PpTracePhase::kTileStart);
       for (; j < g_end; j += 2) {
-        const int64_t head = at.head;
         const int64_t m0 = int64_t(at.block) * kBlockM;
         work.advance(at);
         work.advance(at);  // (at: this consumer's next block)
@@ -161,8 +160,8 @@ struct SpPpMainloop {
         // other's, where the tile has it) and of block j, dQ(j), S(j + 2) (where the tile has it); then the other
         // consumer's turn opened. Then, as they complete: the Q slots handed back and dS(j − 1) announced read by
         // this consumer; dS(j) announced read (its dK and dQ products done); dQ(j) staged in dP(j)'s slot (its dP
-        // in registers since the statistics, each warp its own rows) and stored by TMA, the slot handed back once
-        // the store has read it. S(j + 2) runs on into the other consumer's turn.
+        // in registers since the statistics, each warp its own rows) and the slot handed back to the dP load
+        // thread, which stores dQ(j) from it. S(j + 2) runs on into the other consumer's turn.
         cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kTurnBarrier + w);
         trace.mark(PpTracePhase::kTurnWait);
         const auto q_prev = block_state<kQStages>(j - 1);
@@ -203,9 +202,8 @@ struct SpPpMainloop {
           warpgroup_fence_operand(tdQrdQ);
           cutlass::arch::ClusterBarrier::arrive(&st.ds_free[Cfg::ds_buffer(j)]);
           trace.mark(PpTracePhase::kWaitProducts);
-          store(tdQrdQ, dq_addr, p_state.index(), Cfg::kDqStagedBarrier + w, work.b, head, m0);
-          if (tid == 0) tma_store_wait<0>();
-          p_pipe.consumer_release(p_state);
+          dq_out.stage(tdQrdQ, dq_addr, p_state.index(), tid);
+          p_pipe.consumer_release(p_state);  // (the dP load thread stores dQ from the slot before loading it again)
           trace.mark(PpTracePhase::kStoreDq);
         };
         if constexpr (kDkWarpgroup) {

@@ -2,13 +2,15 @@
 //   the load thread takes the CTA's tiles (dealt statically), publishes each in the tile ring (KbTileWriter), and
 //   loads per tile K into the K buffer of its turn once that buffer's last readers (every consumer thread of the
 //   tile that used it) are done, per block Q into the next slot of the Q ring;
-//   the dP thread reads the tiles from the ring and loads per block dP into the next slot of the dP ring.
+//   the dP thread reads the tiles from the ring and loads per block dP into the next slot of the dP ring, after
+//   storing the dQ that the slot's previous block left in it.
 // Two threads, so that neither ring waits on the other: a Q slot is freed a turn later than its block's dP slot.
 #pragma once
 
 #include "cuda/sm90/kb_config.h"
 #include "cuda/sm90/kb_producer.cuh"
 #include "cuda/sm90/sp_pp_config.h"
+#include "cuda/sm90/sp_pp_epilogue.cuh"
 #include "cuda/sm90/trace.h"
 
 namespace qksoftmax::cuda::sm90 {
@@ -53,13 +55,22 @@ struct SpPpProducer {
     }
   }
 
-  // The dP thread.
+  // The dP thread. A slot comes back from its block's owner with the block's dQ staged in it: stored by TMA, its
+  // read awaited, then the slot loaded with dP three blocks on. After the last block, the last slots' dQ stored.
   __device__ void load_dp(typename Cfg::PPipeline& p_pipe) {
     const Problem& prob = params.prob;
     const auto& tma = params.tma;
     Tensor sdP = make_tensor(make_smem_ptr(st.dp.data()), typename Cfg::SmemLayoutP{});  // (BM, BN, PS)
     Tensor mdP = tma.dp.get_tma_tensor(make_shape(int32_t(prob.Sq), int32_t(prob.Sk), int32_t(prob.Hq), int32_t(prob.B)));
+    const SpDqStore<Cfg> dq_out{params, st.dp.data()};
     auto state = cutlass::make_producer_start_state<typename Cfg::PPipeline>();
+    // Slot `state`'s block of the ring's previous round (if any): its dQ stored, its read awaited.
+    const auto store_previous = [&](const cutlass::PipelineState<Cfg::kPStages>& at) {
+      if (at.count() < uint32_t(Cfg::kPStages)) return;
+      const int32_t* block = st.dq_block[at.index()];
+      dq_out.store(at.index(), block[0], block[1], block[2]);
+      tma_store_wait<0>();
+    };
     KbTileReader<Cfg> tiles(params, st);
     for (KbTile tile; tiles.next(tile);) {
       const KbWork<Cfg> work(params.order, tile);
@@ -69,10 +80,19 @@ struct SpPpProducer {
         const int64_t h = at.head;
         const int mb = at.block;
         work.advance(at);
-        p_pipe.producer_acquire(state);
+        p_pipe.producer_acquire(state);  // (expects the slot's bytes)
+        store_previous(state);
+        int32_t* block = st.dq_block[state.index()];
+        block[0] = int32_t(work.b), block[1] = int32_t(h), block[2] = mb;
         Tensor gdP = local_tile(mdP(_, _, h, work.b), Shape<BM, BN>{}, make_coord(mb, work.nb));  // (BM, BN)
         tma_load_tile(tma.dp, *p_pipe.producer_get_barrier(state), gdP, sdP(_, _, state.index()));
       }
+    }
+    // The last blocks' slots (acquired without a load: nobody waits for them to fill).
+#pragma unroll 1
+    for (int s = 0; s < Cfg::kPStages; ++s, ++state) {
+      p_pipe.producer_acquire(state);
+      store_previous(state);
     }
   }
 };

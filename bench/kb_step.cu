@@ -208,9 +208,9 @@ Result run_case(const MicroRun& micro, const KbStepShape& s, const KbBuffers& b,
 // query head (head stride one row, as kb_step.h's Q and dP): the dQ stores of different CTAs land on the same
 // rows, which only a timing may do. dP ~ N(0, 1), so that dS is not zero.
 constexpr int64_t kSpKeys = 128;
-// As dispatched, and with a dK warpgroup (sp_pp_config.h's kDkWarpgroup; not dispatched).
+// As dispatched (with a dK warpgroup), and with dK held by the consumers (sp_pp_config.h's kDkWarpgroup = false).
 using Sp = qksoftmax::cuda::sm90::SpPpConfig<Element, int(kKbHeadDim)>;
-using SpDk = qksoftmax::cuda::sm90::SpPpConfig<Element, int(kKbHeadDim), true>;
+using Sp3 = qksoftmax::cuda::sm90::SpPpConfig<Element, int(kKbHeadDim), false>;
 template <class Cfg>
 struct TracedSp : Cfg {
   using Trace = PhaseTrace;
@@ -263,7 +263,7 @@ Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool trace, KbSt
   }, &us));
   const double total_steps = double(s.ctas) * double(s.steps_per_cta);
   const double active_sms = double(std::min<int64_t>(s.ctas, micro.info.sms));
-  out->mode = Cfg::kDkWarpgroup ? "single_pass_dkwg" : "single_pass";
+  out->mode = Cfg::kDkWarpgroup ? "single_pass" : "single_pass_3wg";
   out->dq = "bf16";
   out->products = kProductsRecompute;
   out->bytes = int64_t(q.bytes() + dq.bytes() + dp.bytes() + k.bytes() + dk.bytes());
@@ -314,9 +314,9 @@ Result run_kb_steps(const MicroRun& micro, bool trace, KbStepShape* shape, std::
       results->push_back(r);
     }
   }
-  for (bool dk_warpgroup : {false, true}) {
+  for (bool dispatched : {true, false}) {
     KbStepResult r;
-    QKB_TRY(dk_warpgroup ? run_sp_case<SpDk>(micro, s, trace, &r) : run_sp_case<Sp>(micro, s, trace, &r));
+    QKB_TRY(dispatched ? run_sp_case<Sp>(micro, s, trace, &r) : run_sp_case<Sp3>(micro, s, trace, &r));
     std::printf("kb %-10s %-4s %9.1f %12.3f %8d %6.1f%% %8.1f   (rows of %lld keys, pingpong)\n",
                 r.mode.c_str(), r.dq.c_str(), r.us, r.step_us, r.products, 100.0 * r.tensor_share,
                 double(r.bytes) / kBytesPerMiB, (long long)kSpKeys);

@@ -22,7 +22,7 @@ template <class Element_, int kHeadDim_, bool kSavedP_, bool kDirectDq_>
 struct KbConfig;
 template <class Element_, int kHeadDim_, bool kSavedP_>
 struct BwdConfig;
-template <class Element_, int kHeadDim_, bool kDkWarpgroup_ = false>
+template <class Element_, int kHeadDim_, bool kDkWarpgroup_ = true>  // (dispatched with the dK warpgroup)
 struct SpPpConfig;
 template <class Element_, int kHeadDim_>
 struct ForwardConfig;

@@ -1,4 +1,5 @@
-// The pingpong single pass's forms (src/cuda/sm90/sp_pp_config.h: as dispatched, and with a dK warpgroup)
+// The pingpong single pass's forms (src/cuda/sm90/sp_pp_config.h: as dispatched, with a dK warpgroup, and
+// with dK held by the two consumers)
 // instantiated for the kernel tests (test_sm90_sp_variants.cpp), behind a plain function: the library's CUDA code
 // builds as C++17, the tests as C++20.
 #include "cuda/sm90/sp_launch.cuh"
@@ -11,8 +12,8 @@ Status run_single_pass(const Problem& prob, SpForm form, CUstream_st* stream) {
   switch (form) {
     case SpForm::kDispatched:
       return cuda::run_sm90_single_pass<SpPpConfig<cutlass::bfloat16_t, 128>>(prob, stream);
-    case SpForm::kDkWarpgroup:
-      return cuda::run_sm90_single_pass<SpPpConfig<cutlass::bfloat16_t, 128, true>>(prob, stream);
+    case SpForm::kThreeWarpgroups:
+      return cuda::run_sm90_single_pass<SpPpConfig<cutlass::bfloat16_t, 128, false>>(prob, stream);
   }
   return {Code::kInternal, "unknown single-pass form"};
 }

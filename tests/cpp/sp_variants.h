@@ -1,5 +1,5 @@
 // The pingpong single pass for the kernel tests (sp_variants.cu): bf16, D = 128, recompute, through its internal
-// entry point, as dispatched or with a dK warpgroup (sm90_instances.h's SpPpConfig kDkWarpgroup).
+// entry point, as dispatched (with a dK warpgroup) or with dK held by the consumers (SpPpConfig kDkWarpgroup = false).
 #pragma once
 
 #include "problem.h"
@@ -8,7 +8,7 @@ struct CUstream_st;
 
 namespace qksoftmax::test {
 
-enum class SpForm { kDispatched, kDkWarpgroup };
+enum class SpForm { kDispatched, kThreeWarpgroups };
 Status run_single_pass(const Problem& prob, SpForm form, CUstream_st* stream);
 
 }  // namespace qksoftmax::test

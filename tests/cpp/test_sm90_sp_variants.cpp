@@ -1,5 +1,5 @@
 // The pingpong single pass (src/cuda/sm90/sp_pp_config.h) through its internal entry point (sp_variants.cu), as
-// dispatched and with a dK warpgroup, with the Problem built here from the test's tensors, on shapes the public API
+// dispatched (with a dK warpgroup) and with dK held by its consumers, with the Problem built here from the test's tensors, on shapes the public API
 // would also send it: each against the CPU backend, and all bit for bit against the first run.
 #include <gtest/gtest.h>
 
@@ -40,10 +40,10 @@ class GpuSpVariants : public GpuTest, public ::testing::WithParamInterface<Case>
 TEST_P(GpuSpVariants, AgainstCpuAndEachOther) {
   const Case& c = GetParam();
   const Inputs in = make_inputs(c, test_seed());
-  // The dispatched form twice, then with a dK warpgroup: the same products over the same operands, dK's blocks
+  // The dispatched form twice, then with dK held by the consumers: the same products over the same operands, dK's blocks
   // added in the same order, so all three agree bit for bit.
-  constexpr SpForm kForms[] = {SpForm::kDispatched, SpForm::kDispatched, SpForm::kDkWarpgroup};
-  constexpr const char* kNames[] = {"as dispatched", "as dispatched, again", "dK warpgroup"};
+  constexpr SpForm kForms[] = {SpForm::kDispatched, SpForm::kDispatched, SpForm::kThreeWarpgroups};
+  constexpr const char* kNames[] = {"as dispatched", "as dispatched, again", "three warpgroups"};
   const Stream stream;
   DeviceTensor q(in.q), k(in.k), dp(in.dp);
   std::vector<Outputs> outs;

@@ -35,9 +35,10 @@ struct SpPpConfig {
   static constexpr int kConsumers = 2;
   static constexpr int kHalf = kBlockN / kConsumers;  // keys of a consumer's dK
   static constexpr bool kStaticTiles = true;          // KbTileWriter::claim: CTA c's tiles are c, c + grid, …
-  // kDkWarpgroup (the step benchmark's and kernel tests' second form; not dispatched): a fourth warpgroup holds dK
-  // of all 128 keys and adds each block's dSᵀ Q as soon as its owner has written dS (sp_pp_dk.cuh), so that the
-  // consumers hold no dK accumulator and their turns carry dQ and S alone (docs/DESIGN.md, the way down, 3).
+  // kDkWarpgroup (dispatched; false gives the step benchmark's and kernel tests' second form, where each consumer
+  // holds dK of its 64 keys): a fourth warpgroup holds dK of all 128 keys and adds each block's dSᵀ Q as soon as
+  // its owner has written dS (sp_pp_dk.cuh), so that the consumers hold no dK accumulator and their turns carry
+  // dQ and S alone (docs/DESIGN.md, the way down, 3).
   static constexpr bool kDkWarpgroup = kDkWarpgroup_;
 
   // Rings. Q of block g is read by S(g) (issued in its owner's turn two blocks before), the owner's dK product and

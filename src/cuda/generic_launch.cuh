@@ -3,6 +3,8 @@
 
 #include <cuda_runtime.h>
 
+#include <array>
+#include <atomic>
 #include <climits>
 #include <string>
 
@@ -62,6 +64,39 @@ struct ClusterLaunch {
   ClusterLaunch(const ClusterLaunch&) = delete;  // config points at attr
   ClusterLaunch& operator=(const ClusterLaunch&) = delete;
 };
+
+// Clusters of `cluster` CTAs of `kernel` (configuration Cfg) resident at once on the current device, asked once
+// per device and cluster size (0: unknown, the caller reports the error in `status`).
+template <class Cfg, class Kernel>
+int resident_clusters(Kernel kernel, const char* name, int cluster, Status* status) {
+  constexpr int kMaxDevices = 64;
+  constexpr int kClusterSizes = 5;  // 1, 2, 4, 8, 16
+  static std::array<std::atomic<int>, kMaxDevices * kClusterSizes> cache{};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    *status = launch_status(name);
+    return 0;
+  }
+  const size_t slot = size_t(device) * kClusterSizes + size_t(__builtin_ctz(unsigned(cluster)));
+  std::atomic<int>* known = device < kMaxDevices ? &cache[slot] : nullptr;  // past kMaxDevices: asked every time
+  if (known != nullptr) {
+    if (const int clusters = known->load(std::memory_order_relaxed); clusters > 0) return clusters;
+  }
+  if (Status s = reserve_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes, name); !s.ok()) {
+    *status = s;
+    return 0;
+  }
+  const ClusterLaunch<Cfg> launch_config(cluster, cluster, nullptr);
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch_config.config) != cudaSuccess || clusters <= 0) {
+    cudaGetLastError();
+    *status = {Code::kCudaError, std::string(name) + ": no cluster of " + std::to_string(cluster) +
+                                     " CTAs fits the device"};
+    return 0;
+  }
+  if (known != nullptr) known->store(clusters, std::memory_order_relaxed);
+  return clusters;
+}
 
 // Launches a kernel of configuration Cfg (threads, shared memory) with one block per tile, in thread-block
 // clusters of `cluster` consecutive blocks when cluster > 1. Launches nothing when a TMA descriptor of its

@@ -78,6 +78,13 @@ __device__ inline float exp2_fast(float x) {
   return y;
 }
 
+// log2 x by the special-function unit (lg2.approx.ftz: log2(+0) = −inf).
+__device__ inline float log2_fast(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // 1/x by the special-function unit alone (rcp.approx.ftz: within an ulp or two; 1/(+0) = +inf): IEEE division
 // adds a subroutine and a branch per call.
 __device__ inline float rcp_fast(float x) {

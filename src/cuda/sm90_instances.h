@@ -22,7 +22,8 @@ template <class Element_, int kHeadDim_, bool kSavedP_, bool kDirectDq_>
 struct KbConfig;
 template <class Element_, int kHeadDim_, bool kSavedP_>
 struct BwdConfig;
-template <class Element_, int kHeadDim_, bool kDkWarpgroup_ = true>  // (dispatched with the dK warpgroup)
+// (dispatched with the dK warpgroup, in one CTA)
+template <class Element_, int kHeadDim_, bool kDkWarpgroup_ = true, int kCluster_ = 1>
 struct SpPpConfig;
 template <class Element_, int kHeadDim_>
 struct ForwardConfig;

@@ -5,6 +5,8 @@
 #include "cuda/sm90/sp_launch.cuh"
 #include "sp_variants.h"
 
+#include <string>
+
 namespace qksoftmax::test {
 
 Status run_single_pass(const Problem& prob, SpForm form, CUstream_st* stream) {
@@ -16,6 +18,18 @@ Status run_single_pass(const Problem& prob, SpForm form, CUstream_st* stream) {
       return cuda::run_sm90_single_pass<SpPpConfig<cutlass::bfloat16_t, 128, false>>(prob, stream);
   }
   return {Code::kInternal, "unknown single-pass form"};
+}
+
+Status run_single_pass_cluster(const Problem& prob, int cluster, CUstream_st* stream) {
+  switch (cluster) {
+    case 2:
+      return run_single_pass_cluster2(prob, stream);
+    case 4:
+      return run_single_pass_cluster4(prob, stream);
+    case 8:
+      return run_single_pass_cluster8(prob, stream);
+  }
+  return {Code::kInternal, "no single pass in clusters of " + std::to_string(cluster)};
 }
 
 }  // namespace qksoftmax::test

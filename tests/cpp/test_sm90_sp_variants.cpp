@@ -1,6 +1,7 @@
 // The pingpong single pass (src/cuda/sm90/sp_pp_config.h) through its internal entry point (sp_variants.cu), as
-// dispatched (with a dK warpgroup) and with dK held by its consumers, with the Problem built here from the test's tensors, on shapes the public API
-// would also send it: each against the CPU backend, and all bit for bit against the first run.
+// dispatched (with a dK warpgroup) and with dK held by its consumers, with the Problem built here from the test's
+// tensors, on shapes the public API would also send it: each against the CPU backend, and all bit for bit against
+// the first run; and in clusters of 2, 4 and 8 CTAs (rows of up to 1024 keys) against the CPU backend.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -35,42 +36,59 @@ Problem sp_problem(const Case& c, const TensorDesc& q, const TensorDesc& k, cons
   return prob;
 }
 
+// One run of `launch` (a Problem and a stream to a Status) of case c into freshly poisoned dQ and dK, downloaded into
+// a new entry of `outs`.
+template <class Launch>
+void run_poisoned(const Case& c, const DeviceTensor& q, const DeviceTensor& k, const DeviceTensor& dp,
+                  CUstream_st* stream, const Launch& launch, std::vector<Outputs>& outs) {
+  Outputs& out = outs.emplace_back(c, c.dtype, c.output_layout());
+  DeviceTensor dq(out.dq), dk(out.dk);
+  dq.poison();
+  dk.poison();
+  const Status s = launch(sp_problem(c, q.desc(), k.desc(), dp.desc(), dq.desc(), dk.desc()), stream);
+  ASSERT_TRUE(s.ok()) << s.message();
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  for (auto [from, to] : {std::pair{&dq, &out.dq}, {&dk, &out.dk}}) {
+    const Status d = from->download(*to);
+    ASSERT_TRUE(d.ok()) << d.message();
+  }
+}
+
+// Each run's gradients against the CPU backend on fp32 copies of the inputs (test_cuda.cpp's reference).
+void expect_close_to_cpu(const Case& c, const Inputs& in, const std::vector<Outputs>& outs,
+                         const char* const* names) {
+  Outputs ref(c, DType::kFloat32, Layout::kContiguous);
+  const Status s = cpu_run(c, in.converted(DType::kFloat32), ref);
+  ASSERT_TRUE(s.ok()) << "CPU reference: " << s.message();
+  const double tolerance = accuracy::bound(c.dtype);
+  for (size_t f = 0; f < outs.size(); ++f) {
+    SCOPED_TRACE(names[f]);
+    expect_gradient_close(c, "dq", outs[f].dq, ref.dq.values(), tolerance);
+    expect_gradient_close(c, "dk", outs[f].dk, ref.dk.values(), tolerance);
+  }
+}
+
 class GpuSpVariants : public GpuTest, public ::testing::WithParamInterface<Case> {};
 
 TEST_P(GpuSpVariants, AgainstCpuAndEachOther) {
   const Case& c = GetParam();
   const Inputs in = make_inputs(c, test_seed());
-  // The dispatched form twice, then with dK held by the consumers: the same products over the same operands, dK's blocks
-  // added in the same order, so all three agree bit for bit.
+  // The dispatched form twice, then with dK held by the consumers: the same products over the same operands, dK's
+  // blocks added in the same order, so all three agree bit for bit.
   constexpr SpForm kForms[] = {SpForm::kDispatched, SpForm::kDispatched, SpForm::kThreeWarpgroups};
   constexpr const char* kNames[] = {"as dispatched", "as dispatched, again", "three warpgroups"};
   const Stream stream;
   DeviceTensor q(in.q), k(in.k), dp(in.dp);
   std::vector<Outputs> outs;
   outs.reserve(std::size(kForms));
-  for (int f = 0; f < int(std::size(kForms)); ++f) {
-    Outputs& out = outs.emplace_back(c, c.dtype, c.output_layout());
-    DeviceTensor dq(out.dq), dk(out.dk);
-    dq.poison();
-    dk.poison();
-    const Status s = run_single_pass(sp_problem(c, q.desc(), k.desc(), dp.desc(), dq.desc(), dk.desc()), kForms[f],
-                                     stream.get());
-    ASSERT_TRUE(s.ok()) << kNames[f] << ": " << s.message();
-    ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess) << kNames[f];
-    for (auto [from, to] : {std::pair{&dq, &out.dq}, {&dk, &out.dk}}) {
-      const Status d = from->download(*to);
-      ASSERT_TRUE(d.ok()) << d.message();
-    }
+  for (SpForm form : kForms) {
+    run_poisoned(c, q, k, dp, stream.get(),
+                 [form](const Problem& prob, CUstream_st* s) { return run_single_pass(prob, form, s); }, outs);
+    ASSERT_FALSE(HasFatalFailure()) << kNames[outs.size() - 1];
   }
-  // Each against the CPU backend on fp32 copies (test_cuda.cpp's reference), then against the first bit for bit.
-  Outputs ref(c, DType::kFloat32, Layout::kContiguous);
-  const Status s = cpu_run(c, in.converted(DType::kFloat32), ref);
-  ASSERT_TRUE(s.ok()) << "CPU reference: " << s.message();
-  const double tolerance = accuracy::bound(c.dtype);
-  for (int f = 0; f < int(outs.size()); ++f) {
+  expect_close_to_cpu(c, in, outs, kNames);
+  for (size_t f = 0; f < outs.size(); ++f) {
     SCOPED_TRACE(kNames[f]);
-    expect_gradient_close(c, "dq", outs[f].dq, ref.dq.values(), tolerance);
-    expect_gradient_close(c, "dk", outs[f].dk, ref.dk.values(), tolerance);
     EXPECT_TRUE(bitwise_equal(outs[0].dq, outs[f].dq)) << "dq";
     EXPECT_TRUE(bitwise_equal(outs[0].dk, outs[f].dk)) << "dk";
   }
@@ -95,6 +113,53 @@ std::vector<Case> variant_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Edges, GpuSpVariants, ::testing::ValuesIn(variant_cases()), param_name);
+
+// The pingpong single pass in clusters (src/cuda/sm90/sp_pp_exchange.cuh): C = Sk / 128 CTAs (rounded up) of 128
+// keys each, every row block's statistics combined over the CTAs whose keys it sees, dQ added by each into dQ
+// cleared before. Against the CPU backend; run twice, dK bit for bit (each CTA's own keys, a fixed order) and, in
+// clusters of two, dQ too (two partials added into zero: the same in either order).
+class GpuSpCluster : public GpuTest, public ::testing::WithParamInterface<Case> {};
+
+TEST_P(GpuSpCluster, AgainstCpuAndItself) {
+  const Case& c = GetParam();
+  const int cluster = int((c.Sk + 127) / 128);
+  const Inputs in = make_inputs(c, test_seed());
+  constexpr const char* kNames[] = {"first run", "second run"};
+  const Stream stream;
+  DeviceTensor q(in.q), k(in.k), dp(in.dp);
+  std::vector<Outputs> outs;
+  outs.reserve(std::size(kNames));
+  for (size_t run = 0; run < std::size(kNames); ++run) {
+    run_poisoned(c, q, k, dp, stream.get(),
+                 [cluster](const Problem& prob, CUstream_st* s) { return run_single_pass_cluster(prob, cluster, s); },
+                 outs);
+    ASSERT_FALSE(HasFatalFailure()) << kNames[run];
+  }
+  expect_close_to_cpu(c, in, outs, kNames);
+  EXPECT_TRUE(bitwise_equal(outs[0].dk, outs[1].dk)) << "dk";
+  if (cluster == 2) EXPECT_TRUE(bitwise_equal(outs[0].dq, outs[1].dq)) << "dq";
+}
+
+// Clusters of 2, 4 and 8: square causal and unmasked heads, grouped query heads, more heads than clusters fit at
+// once (each CTA several tiles, both K buffers and every statistics slot reused), rows that see none of the last
+// CTAs' keys (Sq < Sk, causal), an odd number of row blocks, keys past Sk in the last CTA, rows past Sq.
+std::vector<Case> cluster_cases() {
+  const int64_t wide = small_shapes() ? 40 : 150;
+  return {{.B = 2, .Hq = 4, .Hk = 2, .Sq = 256, .Sk = 256, .D = 128},
+          {.B = 1, .Hq = 2, .Hk = 2, .Sq = 200, .Sk = 200, .D = 128, .mask = Mask::kNone},
+          {.B = 1, .Hq = 2, .Hk = 1, .Sq = 100, .Sk = 256, .D = 128},
+          {.B = 2, .Hq = 2, .Hk = 2, .Sq = 300, .Sk = 136, .D = 128, .mask = Mask::kNone},
+          {.B = 2, .Hq = wide, .Hk = wide, .Sq = 256, .Sk = 256, .D = 128},
+          {.B = 1, .Hq = 4, .Hk = 2, .Sq = 512, .Sk = 512, .D = 128},
+          {.B = 1, .Hq = 2, .Hk = 2, .Sq = 300, .Sk = 448, .D = 128},
+          {.B = 2, .Hq = 2, .Hk = 2, .Sq = 504, .Sk = 504, .D = 128, .mask = Mask::kNone},
+          {.B = 1, .Hq = wide, .Hk = wide, .Sq = 512, .Sk = 512, .D = 128},
+          {.B = 1, .Hq = 2, .Hk = 1, .Sq = 1024, .Sk = 1024, .D = 128},
+          {.B = 1, .Hq = 2, .Hk = 2, .Sq = 1000, .Sk = 1000, .D = 128, .mask = Mask::kNone},
+          {.B = 1, .Hq = 2, .Hk = 2, .Sq = 63, .Sk = 1024, .D = 128}};
+}
+
+INSTANTIATE_TEST_SUITE_P(Edges, GpuSpCluster, ::testing::ValuesIn(cluster_cases()), param_name);
 
 }  // namespace
 }  // namespace qksoftmax::test

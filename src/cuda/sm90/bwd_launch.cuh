@@ -4,8 +4,6 @@
 
 #include <cuda_runtime.h>
 
-#include <array>
-#include <atomic>
 #include <climits>
 #include <string>
 
@@ -36,40 +34,6 @@ typename Cfg::Loads bwd_loads(const Problem& prob) {
           make_tma_copy(SM90_TMA_LOAD{}, p, typename Cfg::SmemLayoutPChunk{})};
 }
 
-// Clusters of `cluster` CTAs of the kernel resident at once on the current device, asked once per device
-// and cluster size (0: unknown, the caller reports the error).
-template <class Cfg>
-int resident_clusters(int cluster, Status* status) {
-  constexpr int kMaxDevices = 64;
-  constexpr int kClusterSizes = 4;  // 1, 2, 4, 8
-  static std::array<std::atomic<int>, kMaxDevices * kClusterSizes> cache{};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    *status = launch_status("sm90 backward (device)");
-    return 0;
-  }
-  const size_t slot = size_t(device) * kClusterSizes + size_t(__builtin_ctz(unsigned(cluster)));
-  std::atomic<int>* known = device < kMaxDevices ? &cache[slot] : nullptr;  // past kMaxDevices: asked every time
-  if (known != nullptr) {
-    if (const int clusters = known->load(std::memory_order_relaxed); clusters > 0) return clusters;
-  }
-
-  const auto kernel = bwd_kernel<Cfg>;
-  if (Status s = reserve_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes, "sm90 backward");
-      !s.ok()) {
-    *status = s;
-    return 0;
-  }
-  const ClusterLaunch<Cfg> launch_config(cluster, cluster, nullptr);
-  int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch_config.config) != cudaSuccess || clusters <= 0) {
-    cudaGetLastError();
-    *status = {Code::kCudaError, "sm90 backward: no cluster of " + std::to_string(cluster) + " CTAs fits the device"};
-    return 0;
-  }
-  if (known != nullptr) known->store(clusters, std::memory_order_relaxed);
-  return clusters;
-}
 
 }  // namespace sm90
 
@@ -91,7 +55,7 @@ Status run_sm90_bwd(const Problem& prob, CUstream_st* stream, int64_t repeat) {
                                     sm90::aligned_rows<Element>(prob.dk, kPair), cluster, heads * repeat, heads};
   if (Status s = take_tma_failure(kName); !s.ok()) return s;  // nothing launched on a descriptor that failed
   Status status;
-  const int resident = sm90::resident_clusters<Cfg>(cluster, &status);
+  const int resident = resident_clusters<Cfg>(sm90::bwd_kernel<Cfg>, "sm90 backward", cluster, &status);
   if (resident == 0) return status;
   const int64_t clusters = std::min<int64_t>(params.work, resident);
   // Always a cluster launch, of one CTA too: the kernel addresses shared memory and barriers through the
@@ -104,7 +68,7 @@ Status run_sm90_bwd(const Problem& prob, CUstream_st* stream, int64_t repeat) {
 template <class Cfg>
 int sm90_bwd_resident_clusters(int cluster) {
   Status status;
-  return sm90::resident_clusters<Cfg>(cluster, &status);
+  return resident_clusters<Cfg>(sm90::bwd_kernel<Cfg>, "sm90 backward", cluster, &status);
 }
 
 }  // namespace qksoftmax::cuda

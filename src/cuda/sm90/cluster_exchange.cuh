@@ -22,6 +22,14 @@ __device__ inline void push_f4(uint32_t remote, float4 v, uint32_t remote_barrie
       : "memory");
 }
 
+// The same for 8 bytes.
+__device__ inline void push_f2(uint32_t remote, float2 v, uint32_t remote_barrier) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
+               :
+               : "r"(remote), "f"(v.x), "f"(v.y), "r"(remote_barrier)
+               : "memory");
+}
+
 // CTAs in this cluster (read from the hardware: a value the compiler recomputes rather than keeps).
 __device__ inline int cluster_ctas() {
   uint32_t n;

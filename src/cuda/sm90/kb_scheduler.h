@@ -76,6 +76,12 @@ struct KbTileOrder {
     return order;
   }
 
+  // Each head's key blocks consecutive (tile i: key block i mod key_blocks of head i / key_blocks), so that a
+  // cluster of key_blocks CTAs takes one head's tiles at once (the pingpong single pass in clusters).
+  void by_head() {
+    section = 1;
+    wide_sections = heads;
+  }
   CUTE_HOST_DEVICE int tiles() const { return key_blocks * heads; }
 
   // Tile i of the order: its section, then nb, then the head within the section.

@@ -1,7 +1,9 @@
-// Host side of the pingpong single pass (sp_pp_config.h): rows of up to 128 keys, recompute mode; the step loads as the key-block pass's (kb_loads), the tile order (kb_scheduler.h, one key block per
-// (batch, key head)) and the grid: one persistent CTA per SM, or one per tile where there are fewer. No
-// workspace and nothing cleared before it: every dQ row is stored once (by TMA: dQ in its reach), dK once per
-// tile.
+// Host side of the pingpong single pass (sp_pp_config.h): rows of up to 128 keys (one CTA) or 128·C (clusters of
+// C CTAs), recompute mode; the step loads as the key-block pass's (kb_loads), the tile order (kb_scheduler.h: a
+// (batch, key head)'s key blocks consecutive, one per CTA of its cluster) and the grid: one persistent CTA per SM
+// (or as many clusters as fit at once), or one per tile where there are fewer. No workspace. One CTA stores
+// every dQ row once (by TMA: dQ in its reach); a cluster's CTAs each add their part into dQ, cleared first
+// (sp_clear_dq_kernel). dK is stored once per tile.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,6 +19,22 @@
 #include "cuda/sm90/sp_pp_kernel.cuh"
 
 namespace qksoftmax::cuda {
+
+namespace sm90 {
+// dQ cleared (16-byte vectors: TMA-ready rows of kHeadDim 16-bit values), so that the CTAs of a cluster add into it.
+template <class Element, int kHeadDim>
+__global__ void sp_clear_dq_kernel(Operand dq, int64_t hq, int64_t sq, int64_t rows) {
+  constexpr int kVectors = kHeadDim * int(sizeof(Element)) / int(sizeof(uint4));
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * kVectors; i += stride) {
+    const int64_t r = i / kVectors;
+    Element* row = static_cast<Element*>(dq.ptr) + dq.offset(r / (hq * sq), r / sq % hq, r % sq);
+    reinterpret_cast<uint4*>(row)[i % kVectors] = make_uint4(0, 0, 0, 0);
+  }
+}
+constexpr int kClearThreads = 256;
+constexpr int kClearBlocksPerSm = 4;
+}  // namespace sm90
 
 template <class SpCfg>
 Status run_sm90_single_pass(const Problem& prob, CUstream_st* stream) {
@@ -34,15 +52,38 @@ Status run_sm90_single_pass(const Problem& prob, CUstream_st* stream) {
   // change nothing with one key block per head.)
   const int64_t head_bytes = prob.group() * prob.Sq * prob.D * int64_t(sizeof(typename SpCfg::Element));
   using Element = typename SpCfg::Element;
-  const int64_t grid = std::min<int64_t>(tiles, int64_t(device->sm_count) * SpCfg::kCtasPerSm);
   const auto dq = cute::make_tensor(
       cute::make_gmem_ptr(static_cast<Element*>(prob.dq.ptr)),
       cute::make_shape(int32_t(prob.Sq), typename SpCfg::HD{}, int32_t(prob.Hq), int32_t(prob.B)),
       cute::make_stride(prob.dq.sr, cute::_1{}, prob.dq.sh, prob.dq.sb));
-  const typename SpCfg::Params params{prob, kb_loads<SpCfg>(prob),
-                                      make_tma_copy(cute::SM90_TMA_STORE{}, dq, typename SpCfg::SmemLayoutdQ{}),
-                                      SpCfg::TileOrder::of(prob, head_bytes)};
-  return launch<SpCfg>(sm90::sp_pp_kernel<SpCfg>, kName, grid, params, stream);
+  constexpr int kCluster = SpCfg::kCluster;
+  typename SpCfg::Params params{prob, kb_loads<SpCfg>(prob),
+                                make_tma_copy(typename SpCfg::DqStoreOp{}, dq, typename SpCfg::SmemLayoutdQ{}),
+                                SpCfg::TileOrder::of(prob, head_bytes)};
+  if constexpr (kCluster == 1) {
+    const int64_t grid = std::min<int64_t>(tiles, int64_t(device->sm_count) * SpCfg::kCtasPerSm);
+    return launch<SpCfg>(sm90::sp_pp_kernel<SpCfg>, kName, grid, params, stream);
+  } else {
+    if (params.order.key_blocks != kCluster) {
+      return {Code::kInternal, std::string(kName) + ": a cluster of " + std::to_string(kCluster) +
+                                   " CTAs for rows of " + std::to_string(prob.Sk) + " keys"};
+    }
+    params.order.by_head();  // the cluster of tile indices [C i, C i + C) takes head i
+    if (Status s = take_tma_failure(kName); !s.ok()) return s;  // (before dQ is cleared: nothing written)
+    Status status;
+    const int resident = resident_clusters<SpCfg>(sm90::sp_pp_kernel<SpCfg>, kName, kCluster, &status);
+    if (resident == 0) return status;
+    const int64_t rows = prob.B * prob.Hq * prob.Sq;
+    const int64_t clear_blocks = std::min<int64_t>(
+        (rows * SpCfg::kHeadDim * int64_t(sizeof(Element)) / int64_t(sizeof(uint4)) + sm90::kClearThreads - 1) /
+            sm90::kClearThreads,
+        int64_t(device->sm_count) * sm90::kClearBlocksPerSm);
+    sm90::sp_clear_dq_kernel<Element, SpCfg::kHeadDim>
+        <<<unsigned(clear_blocks), sm90::kClearThreads, 0, stream>>>(prob.dq, prob.Hq, prob.Sq, rows);
+    if (Status s = launch_status("sm90 single pass (dQ cleared)"); !s.ok()) return s;
+    return launch<SpCfg>(sm90::sp_pp_kernel<SpCfg>, kName, std::min<int64_t>(tiles, resident) * kCluster, params,
+                         stream, kCluster);
+  }
 }
 
 }  // namespace qksoftmax::cuda

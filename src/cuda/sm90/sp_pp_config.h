@@ -1,8 +1,9 @@
 // The configuration of the pingpong single pass (docs/DESIGN.md, "The pingpong single pass"), one per (dtype,
-// head dimension), recompute mode, rows of up to 128 keys: one CTA holds a (batch, key head)'s whole key block,
-// and each of its two consumer warpgroups owns every other 64-row block of the CTA's steps with all of the block's
-// keys, so that a row's statistics are one warpgroup's own (no exchange) and each warpgroup's element-wise work
-// runs while the other's products keep the tensor cores busy. Per CTA:
+// head dimension, cluster), recompute mode, 128 keys per CTA: one CTA holds a (batch, key head)'s key block (a
+// cluster of C CTAs holds its C key blocks), and each of its two consumer warpgroups owns every other 64-row block
+// of the CTA's steps with all of the block's keys, so that a row's statistics over those keys are one warpgroup's
+// own (combined with the cluster's other CTAs', sp_pp_exchange.cuh) and each warpgroup's element-wise work runs
+// while the other's products keep the tensor cores busy. Per CTA:
 //   warpgroup 0    producer: warp 0 (one thread) takes the tiles (dealt statically), publishes them in the tile
 //                  ring and loads K per tile and Q per block (Q ring); warp 1 (one thread) loads dP per block
 //                  (dP ring), which is freed earlier than Q (its owner alone reads it), and stores each block's
@@ -22,7 +23,15 @@ namespace qksoftmax::cuda::sm90 {
 
 using namespace cute;
 
-template <class Element_, int kHeadDim_, bool kDkWarpgroup_>
+// A consumer thread's release of a ring slot (`ring`: a PipelineTmaAsync's shared storage): one arrival on this
+// CTA's own empty barrier. CUTLASS's consumer_release, for a pipeline built for a cluster of one, arrives on the
+// cluster's CTA 0, which in a cluster launch is another CTA's barrier.
+template <class Ring, class State>
+__device__ void release_slot(Ring& ring, const State& state) {
+  ring.empty_barrier_[state.index()].arrive();
+}
+
+template <class Element_, int kHeadDim_, bool kDkWarpgroup_, int kCluster_>
 struct SpPpConfig {
   using Element = Element_;
   static constexpr DType kDType = ElementTraits<Element>::kDType;
@@ -30,7 +39,14 @@ struct SpPpConfig {
   static constexpr bool kSavedP = false;    // (kb_epilogue.cuh's KbFinish reads it)
   static constexpr int kBlockM = 64;        // rows per block (one wgmma M)
   static constexpr int kBlockN = 128;       // keys per CTA
-  static constexpr int kMaxSk = kBlockN;
+  // CTAs per cluster: CTA r of a cluster holds keys [128 r, 128 r + 128) of the cluster's (batch, key head), and
+  // the CTAs that hold keys of a row block exchange its rows' partial statistics (SpPpExchange); each adds its
+  // dQ partial into dQ (cleared before) by TMA. One CTA: no exchange, dQ stored.
+  static constexpr int kCluster = kCluster_;
+  static_assert(kCluster == 1 || kCluster == 2 || kCluster == 4 || kCluster == 8,
+                "clusters of 1, 2, 4 or 8 CTAs (a portable cluster: rows of up to 1024 keys)");
+  static constexpr int kPeers = kCluster - 1;  // the other CTAs of a cluster
+  static constexpr int kMaxSk = kBlockN * kCluster;
   static_assert(kBlockM == kSpBlockM, "dispatch.cu counts the single pass's steps by sm90_instances.h's kSpBlockM");
   static constexpr int kConsumers = 2;
   static constexpr int kHalf = kBlockN / kConsumers;  // keys of a consumer's dK
@@ -48,8 +64,9 @@ struct SpPpConfig {
   // it loads the slot again: three slots. K of two tiles, so that the next tile's
   // K loads under this one. dS of block g is read by its owner's dQ and dK products and by the other consumer's dK
   // product in its next turn: three buffers in rotation, so that a buffer's next writer (block g + 3's owner,
-  // after its S(g + 3), which follows that dK product in its own turn) finds it read.
-  static constexpr int kQStages = 4;
+  // after its S(g + 3), which follows that dK product in its own turn) finds it read. Clusters of more than two
+  // give a Q slot (16 KB) to the statistics slots of their peers.
+  static constexpr int kQStages = kCluster <= 2 ? 4 : 3;
   static constexpr int kPStages = 3;
   static constexpr int kKBuffers = 2;
   static constexpr int kDsBuffers = 3;
@@ -94,8 +111,9 @@ struct SpPpConfig {
     TmaP dp;
     TmaP p;
   };
+  using DqStoreOp = std::conditional_t<kCluster == 1, SM90_TMA_STORE, SM90_TMA_REDUCE_ADD>;
   using TmaStoredQ = decltype(make_tma_copy(
-      SM90_TMA_STORE{},
+      DqStoreOp{},
       make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), Shape<int32_t, HD, int32_t, int32_t>{},
                   Stride<int64_t, _1, int64_t, int64_t>{}),
       SmemLayoutdQ{}));
@@ -161,6 +179,16 @@ struct SpPpConfig {
   // Arrivals that free a dS buffer: its owner's and the other consumer's, or the owner's and the dK warpgroup's.
   static constexpr int kDsReaders = 2 * kWarpgroupThreads;
   using Trace = NoTrace;  // the step micro-benchmark's configs time the phases (trace.h)
+  // A consumer's statistics slots, per peer, by the parity of its exchanges with that peer: the peer pushes its
+  // x-th exchange of a consumer only after it received this CTA's (x − 1)-th, which this consumer's warpgroup
+  // pushes after its turn of exchange x − 2, so after every thread of it read slot x − 2 (a pair of CTAs
+  // exchanges the same blocks, of the same consumer in each): two slots need no "empty" barrier.
+  static constexpr int kStatsSlots = 2;
+  static constexpr uint32_t kStatsBytes = kBlockM * sizeof(float2);  // a slot: a float2 per row
+  // Consumer w's slot of peer `peer` (0 … kPeers − 1: the other CTAs by rank, this one left out) and parity.
+  CUTE_HOST_DEVICE static constexpr int stats_slot(int w, int peer, int parity) {
+    return (w * kPeers + peer) * kStatsSlots + parity;
+  }
 
   // Named barriers (numbered after CUTLASS's reserved ones): the turns (consumer w syncs kTurnBarrier + w, the
   // other arrives) and the tile's last dS written (its owner arrives, the other syncs).
@@ -187,6 +215,10 @@ struct SpPpConfig {
     alignas(8) uint64_t ds_free[kDsBuffers];
     // With a dK warpgroup, by dS buffer: its block's dS written (its owner's 128 threads arrive).
     alignas(8) uint64_t ds_full[kDkWarpgroup ? kDsBuffers : 1];
+    // In a cluster, by consumer, peer and exchange parity: the peer's (LSE, D) of each row of the consumer's block
+    // (SpPpExchange), and the barrier its pushes complete.
+    alignas(16) float2 stats[kCluster > 1 ? kConsumers * kPeers * kStatsSlots : 1][kBlockM];
+    alignas(8) uint64_t stats_full[kCluster > 1 ? kConsumers * kPeers * kStatsSlots : 1];
   };
   static constexpr int kSmemBytes = int(sizeof(Storage));
   static_assert(kSmemBytes <= kSm90SmemPerCta, "the pingpong single pass's shared memory exceeds a CTA's 227 KB");

@@ -48,7 +48,7 @@ struct SpPpDkWarpgroup {
         warpgroup_mma<size<2>(decltype(tdKsdS.layout()){}), false>(mma_dk, tdKsdS(_, _, _, buf),
                                                                   tdKsQ(_, _, _, q_state.index()), tdKrdK);
         cutlass::arch::ClusterBarrier::arrive(&st.ds_free[buf]);
-        q_pipe.consumer_release(q_state);
+        release_slot(st.q_pipe, q_state);
         trace.mark(PpDkTracePhase::kProduct);
       }
       kb_store_dk<Cfg, Cfg::kBlockN>(params, 0, tdKrdK, thr_dk.partition_C(make_identity_tensor(Shape<BN, HD>{})),

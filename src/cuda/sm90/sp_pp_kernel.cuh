@@ -2,7 +2,8 @@
 // warpgroups that take alternate row blocks in turns (sp_pp_mainloop.cuh) and, with kDkWarpgroup, a warpgroup
 // that owns dK (sp_pp_dk.cuh), with setmaxnreg; the Q and dP rings
 // (CUTLASS PipelineTmaAsync), the tile ring (PipelineAsync), K's barriers and the dS buffers' barriers.
-// Persistent: one CTA per SM, or one per tile where there are fewer, its tiles dealt statically.
+// Persistent: one CTA per SM, or one per tile where there are fewer, its tiles dealt statically; in clusters of C
+// CTAs (rows of up to 128·C keys), a cluster per (batch, key head), CTA r taking its key block r.
 #pragma once
 
 #include <cutlass/arch/reg_reconfig.h>
@@ -60,9 +61,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
       cutlass::arch::ClusterBarrier::init(&st.ds_free[b], Cfg::kDsReaders);
       if constexpr (Cfg::kDkWarpgroup) cutlass::arch::ClusterBarrier::init(&st.ds_full[b], Cfg::kWarpgroupThreads);
     }
+    if constexpr (Cfg::kCluster > 1) {
+      for (auto& full : st.stats_full) Cfg::TxBarrier::init(&full, 1);  // (its consumer's arming arrival)
+    }
     cutlass::arch::fence_barrier_init();
   }
-  __syncthreads();  // every barrier initialised before any use
+  if constexpr (Cfg::kCluster > 1) {
+    cute::cluster_arrive_relaxed();  // every barrier of the cluster initialised before another CTA pushes
+    cute::cluster_wait();
+  } else {
+    __syncthreads();  // every barrier initialised before any use
+  }
 
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
@@ -75,6 +84,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     cutlass::arch::warpgroup_reg_alloc<Cfg::kDkRegs>();
     SpPpDkWarpgroup<Cfg>{params, st}.run(q_pipe);
   }
+  // Each CTA awaits every push into it; its shared memory stays until the other CTAs are done too.
+  if constexpr (Cfg::kCluster > 1) cute::cluster_sync();
 }
 
 }  // namespace qksoftmax::cuda::sm90

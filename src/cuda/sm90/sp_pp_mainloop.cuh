@@ -7,6 +7,8 @@
 //   tile has it), each a batch; then the other's turn opened;
 //   as they complete: the Q slots handed back and both dS buffers announced read; dQ(j) staged in dP(j)'s slot
 //   and the slot handed back: the dP load thread stores dQ(j) from it by TMA before it loads the slot again.
+// In a cluster, the statistics of a block whose rows see keys of other CTAs are combined with theirs
+// (sp_pp_exchange.cuh) before dS.
 // S(j + 2) runs during the other consumer's element-wise work and turn, and each warpgroup's exponentials and
 // reductions under the other's products. At a tile's end the consumer that does not own the last block adds that
 // block's dK (its dS announced by kTileDsBarrier); each stores dK of its 64 keys.
@@ -17,6 +19,7 @@
 #include "cuda/sm90/kb_epilogue.cuh"
 #include "cuda/sm90/sp_pp_config.h"
 #include "cuda/sm90/sp_pp_epilogue.cuh"
+#include "cuda/sm90/sp_pp_exchange.cuh"
 #include "cuda/sm90/sp_pp_softmax.cuh"
 #include "cuda/sm90/trace.h"
 
@@ -48,6 +51,12 @@ struct SpPpMainloop {
                                    kScaleInDs<Element> ? fabsf(prob.scale) : 1.0f, tid};
     using FragS = typename SpPpSoftmax<Cfg>::FragS;      // (MMA, 1, 1) fp32
     using FragS16 = typename SpPpSoftmax<Cfg>::FragS16;  // (MMA, 1, 1)
+    constexpr int kRows = SpPpSoftmax<Cfg>::kRows;
+    // In a cluster: the row statistics shared with the other CTAs (their keys), and this thread's rows in a block.
+    SpPpExchange<Cfg> exchange{st, params.order, w, int(cute::block_rank_in_cluster())};
+    int rows[kRows];
+    CUTE_UNROLL
+    for (int ri = 0; ri < kRows; ++ri) rows[ri] = get<0>(softmax.coords()(ri, 0));
 
     Tensor sQ = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQ{});      // (BM, D, QS)
     Tensor sQt = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQt{});    // (D, BM, QS)
@@ -118,7 +127,8 @@ struct SpPpMainloop {
       }
       trace.mark(PpTracePhase::kTileStart);
       for (; j < g_end; j += 2) {
-        const int64_t m0 = int64_t(at.block) * kBlockM;
+        const int block = at.block;
+        const int64_t m0 = int64_t(block) * kBlockM;
         work.advance(at);
         work.advance(at);  // (at: this consumer's next block)
         const auto q_state = block_state<kQStages>(j);
@@ -131,14 +141,26 @@ struct SpPpMainloop {
         p_pipe.consumer_wait(p_state);
         warpgroup_wait<0>();
         warpgroup_fence_operand(tSrS);
-        if constexpr (kDkWarpgroup) q_pipe.consumer_release(q_state);  // its S done (dK reads it in its warpgroup)
+        if constexpr (kDkWarpgroup) release_slot(st.q_pipe, q_state);  // its S done (dK reads it in its warpgroup)
         FragS16 tSrdP;  // (MMA, 1, 1)
         load_matrices(dp_addr, uint32_t(p_state.index()) * kTileBytes,
                       typename Cfg::CopydP{}.get_thread_slice(tid).retile_D(tSrdP));
         trace.mark(PpTracePhase::kWaitS);
-        const bool cut = softmax.cut(m0);
-        float f[SpPpSoftmax<Cfg>::kRows], fd[SpPpSoftmax<Cfg>::kRows];
-        softmax.stats(tSrS, tSrdP, m0, cut, f, fd);
+        const bool cut = softmax.cut(m0, work.n0);
+        float m[kRows], f[kRows], fd[kRows];  // (f, fd: l and u until the factors)
+        softmax.sums(tSrS, tSrdP, m0, work.n0, cut, m, f, fd);
+        bool exchanged = false;  // (a lone CTA holds every key of its rows)
+        if constexpr (Cfg::kCluster > 1) exchanged = exchange.exchanged(block);
+        if (exchanged) {
+          float2 mine[kRows];
+          CUTE_UNROLL
+          for (int ri = 0; ri < kRows; ++ri) mine[ri] = SpPpSoftmax<Cfg>::partial(m[ri], f[ri], fd[ri]);
+          float top[kRows], sum[kRows], d[kRows];
+          exchange.combine(block, mine, rows, tid, top, sum, d);
+          softmax.factors_of(m, top, sum, d, f, fd);
+        } else {
+          softmax.factors(f, fd);
+        }
         FragS16 tSrdS;  // (MMA, 1, 1)
         softmax.ds(tSrS, tSrdP, cut, f, fd, tSrdS);
         trace.mark(PpTracePhase::kSoftmax);
@@ -194,16 +216,16 @@ struct SpPpMainloop {
             warpgroup_fence_operand(tdKrdK);
             if constexpr (kPrev) {
               cutlass::arch::ClusterBarrier::arrive(&st.ds_free[Cfg::ds_buffer(j - 1)]);
-              q_pipe.consumer_release(q_prev);
+              release_slot(st.q_pipe, q_prev);
             }
-            q_pipe.consumer_release(q_state);
+            release_slot(st.q_pipe, q_state);
           }
           warpgroup_wait<kAfterDq>();
           warpgroup_fence_operand(tdQrdQ);
           cutlass::arch::ClusterBarrier::arrive(&st.ds_free[Cfg::ds_buffer(j)]);
           trace.mark(PpTracePhase::kWaitProducts);
           dq_out.stage(tdQrdQ, dq_addr, p_state.index(), tid);
-          p_pipe.consumer_release(p_state);  // (the dP load thread stores dQ from the slot before loading it again)
+          release_slot(st.p_pipe, p_state);  // (the dP load thread stores dQ from the slot before loading it again)
           trace.mark(PpTracePhase::kStoreDq);
         };
         if constexpr (kDkWarpgroup) {
@@ -240,7 +262,7 @@ struct SpPpMainloop {
           warpgroup_wait<0>();
           warpgroup_fence_operand(tdKrdK);
           cutlass::arch::ClusterBarrier::arrive(&st.ds_free[Cfg::ds_buffer(g_end - 1)]);
-          q_pipe.consumer_release(q_last);
+          release_slot(st.q_pipe, q_last);
         }
       }
       if constexpr (!kDkWarpgroup) {

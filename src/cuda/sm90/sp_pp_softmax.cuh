@@ -1,8 +1,10 @@
 // The pingpong single pass's element-wise work (sp_pp_mainloop.cuh): a consumer holds S = Q Kᵀ of its block,
-// (64 rows, 128 keys), a thread 2 rows × 32 keys, a row's keys in the 4 lanes of a quad, so that a row's
-// statistics are the warpgroup's own, 2 shuffles per reduction. For each row, over the keys it sees:
+// (64 rows, the CTA's 128 keys from n0), a thread 2 rows × 32 keys, a row's keys in the 4 lanes of a quad, so
+// that a row's sums over the CTA's keys are the warpgroup's own, 2 shuffles per reduction. For each row, over the
+// keys it sees:
 //   x = S·scale·log2e (one FFMA inside the exponent), m = max x, p = 2^(x − m), l = Σ p, u = Σ p · dP;
-//   f = fold / l, fd = f · u / l (D = u / l);
+//   one CTA: f = fold / l, fd = f · u / l (D = u / l); in a cluster, with the other CTAs' statistics
+//   (sp_pp_exchange.cuh): f = fold · 2^(m − LSE), fd = f · D;
 //   dS = p · (dP · f − fd) = P ∘ (dP − D) · fold, 0 where the row does not see the key,
 // fold = |scale| where dS carries the scale (bf16; dQ and dK then take its sign), 1 otherwise (they take it).
 #pragma once
@@ -37,13 +39,14 @@ struct SpPpSoftmax {
     return make_tensor(tScS.data(), rowcol(tScS.layout()));                                       // (rows, keys)
   }
 
-  // Whether the block of rows [m0, m0 + 64) has keys that some row does not see (its element-wise code then
-  // masks; a block without is compiled without the compares).
-  __device__ bool cut(int64_t m0) const { return keys.cuts(m0, Cfg::kBlockM, 0, Cfg::kBlockN); }
+  // Whether the block of rows [m0, m0 + 64) has keys from n0 that some row does not see (its element-wise code
+  // then masks; a block without is compiled without the compares).
+  __device__ bool cut(int64_t m0, int64_t n0) const { return keys.cuts(m0, Cfg::kBlockM, n0, Cfg::kBlockN); }
 
-  // The statistics of the block's rows: S (overwritten) into p, masked, and each row's factors f and fd.
-  __device__ void stats(FragS& tSrS, const FragS16& tSrdP, int64_t m0, bool is_cut, float (&f)[kRows],
-                        float (&fd)[kRows]) const {
+  // The sums of the block's rows over the CTA's keys: S (overwritten) into p, masked, and each row's m (0 where the
+  // row sees none of the keys), l and u (of every lane of its quad).
+  __device__ void sums(FragS& tSrS, const FragS16& tSrdP, int64_t m0, int64_t n0, bool is_cut, float (&m_out)[kRows],
+                       float (&l_out)[kRows], float (&u_out)[kRows]) const {
     Tensor s = make_tensor(tSrS.data(), RowCol{});          // (rows, keys)
     const Tensor dp = make_tensor(tSrdP.data(), RowCol{});  // (rows, keys)
     // x = s · k inside the exponent, 2^(s · k − m), m = k · max s: k = scale·log2e where that is positive;
@@ -60,7 +63,7 @@ struct SpPpSoftmax {
         const auto rc = coords();  // (rows, keys) → (row, key)
         CUTE_UNROLL
         for (int ri = 0; ri < kRows; ++ri) {
-          const int end = keys.cols_in(m0 + get<0>(rc(ri, 0)), 0, Cfg::kBlockN);
+          const int end = keys.cols_in(m0 + get<0>(rc(ri, 0)), n0, Cfg::kBlockN);
           CUTE_UNROLL
           for (int ci = 0; ci < kKeys; ++ci) s(ri, ci) = get<1>(rc(ri, ci)) < end ? s(ri, ci) : -INFINITY;
         }
@@ -99,8 +102,9 @@ struct SpPpSoftmax {
       }
       CUTE_UNROLL
       for (int ri = 0; ri < kRows; ++ri) {
-        f[ri] = tree_reduce(l[ri], SumOp{});
-        fd[ri] = tree_reduce(u[ri], SumOp{});
+        m_out[ri] = ref[ri];
+        l_out[ri] = tree_reduce(l[ri], SumOp{});
+        u_out[ri] = tree_reduce(u[ri], SumOp{});
       }
     };
     if (is_cut) {
@@ -108,12 +112,33 @@ struct SpPpSoftmax {
     } else {
       rows(std::false_type{});
     }
-    quad_sum_rows<kQuad>(f, fd);
+    quad_sum_rows<kQuad>(l_out, u_out);
+  }
+
+  // The factors of dS where the CTA holds every key of the rows: from l and u (sums; f, fd in place of them).
+  __device__ void factors(float (&f)[kRows], float (&fd)[kRows]) const {
     CUTE_UNROLL
     for (int ri = 0; ri < kRows; ++ri) {
       const float inv = f[ri] > 0.0f ? rcp_fast(f[ri]) : 0.0f;
       f[ri] = inv * fold;
       fd[ri] = f[ri] * (fd[ri] * inv);
+    }
+  }
+
+  // A row's (LSE, D) over the CTA's keys, in log2 units, from its sums: (−inf, 0) where it sees none of them.
+  __device__ static float2 partial(float m, float l, float u) {
+    return l > 0.0f ? make_float2(m + log2_fast(l), u * rcp_fast(l)) : make_float2(-INFINITY, 0.0f);
+  }
+
+  // The factors of dS from m and the cluster's combination of the rows' partials (SpPpExchange::combine): the
+  // largest LSE_r (`top`), Σ_r 2^(LSE_r − top) and Σ_r 2^(LSE_r − top) D_r.
+  __device__ void factors_of(const float (&m)[kRows], const float (&top)[kRows], const float (&sum)[kRows],
+                             const float (&d)[kRows], float (&f)[kRows], float (&fd)[kRows]) const {
+    CUTE_UNROLL
+    for (int ri = 0; ri < kRows; ++ri) {
+      const float inv = sum[ri] > 0.0f ? rcp_fast(sum[ri]) : 0.0f;  // (0: the row sees no key)
+      f[ri] = top[ri] == -INFINITY ? 0.0f : exp2_fast(m[ri] - top[ri]) * inv * fold;  // 2^(m − LSE) · fold
+      fd[ri] = f[ri] * (d[ri] * inv);                                                  // f · D
     }
   }
 

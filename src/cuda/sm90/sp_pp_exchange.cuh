@@ -1,0 +1,100 @@
+// The pingpong single pass's row statistics across a cluster (sp_pp_config.h, kCluster): CTA r of a cluster holds
+// keys [128 r, 128 r + 128) of a (batch, key head) and walks the row blocks that see them (causal: from row block
+// 2r). A row block is a block of every CTA whose keys it sees, of the same consumer warpgroup in each (the blocks
+// a CTA skips are an even number per head). Its owner in each CTA reduces its rows over its own keys
+// (SpPpSoftmax::sums), pushes each row's (LSE_r, D_r) over those keys, in log2 units, into a slot of every other
+// CTA of the row block (st.async completing bytes on the slot's barrier, awaited at CTA scope), and combines the
+// CTAs' partials (SpPpSoftmax::factors_of):
+//   LSE = L + log2 Σ_r 2^(LSE_r − L), L = max_r LSE_r; D = Σ_r 2^(LSE_r − LSE) D_r;
+// a CTA's p = 2^(x − m) over its keys then becomes P = p · 2^(m − LSE).
+#pragma once
+
+#include <cutlass/arch/barrier.h>
+
+#include "cuda/sm90/cluster_exchange.cuh"
+#include "cuda/sm90/sp_pp_config.h"
+
+namespace qksoftmax::cuda::sm90 {
+
+template <class Cfg>
+struct SpPpExchange {
+  static constexpr int kRows = 2;  // rows of a thread in S's layout
+  static constexpr int kQuad = 4;  // lanes of a row
+  static constexpr int kPeers = Cfg::kPeers;
+  static constexpr int kCountBits = 2;  // a pair's exchanges so far, modulo 4: the slot's parity and its phase
+  static_assert(kPeers * kCountBits <= 32, "the counts fit a register");
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+
+  typename Cfg::Storage& st;
+  const typename Cfg::TileOrder& order;
+  int w;                // this consumer
+  int rank;             // this CTA's
+  uint32_t counts = 0;  // by peer p, bits [2p, 2p + 2): this consumer's exchanges with it so far, modulo 4
+
+  // The rank of peer p (the other CTAs, by rank), and this CTA's index among the peers of CTA `of`.
+  __device__ int peer_rank(int p) const { return p < rank ? p : p + 1; }
+  __device__ int index_at(int of) const { return rank < of ? rank : rank - 1; }
+  // Whether CTA r's keys are seen by row block `block` (its key block is r: the tile order's first row block).
+  __device__ bool sees(int r, int block) const { return block >= order.first_row_block(r); }
+  __device__ uint32_t count(int p) const { return (counts >> (kCountBits * p)) & 3u; }
+  __device__ int slot(int p) const { return Cfg::stats_slot(w, p, int(count(p) % Cfg::kStatsSlots)); }
+
+  // Whether another CTA holds keys of row block `block`: then the block's statistics are exchanged.
+  __device__ bool exchanged(int block) const {
+    bool any = false;
+    CUTE_UNROLL
+    for (int p = 0; p < kPeers; ++p) any |= sees(peer_rank(p), block);
+    return any;
+  }
+
+  // This thread's rows' (LSE, D) over its CTA's keys (`mine`; `rows`: their indices in the block) pushed to the
+  // CTAs whose keys block `block` sees, theirs awaited, and the row's combination returned: the largest LSE_r
+  // (`top`), Σ_r 2^(LSE_r − top) (`sum`) and Σ_r 2^(LSE_r − top) D_r (`d`).
+  __device__ void combine(int block, const float2 (&mine)[kRows], const int (&rows)[kRows], int tid,
+                          float (&top)[kRows], float (&sum)[kRows], float (&d)[kRows]) {
+    if (tid % kQuad == 0) {  // a row's lanes hold the same values: one pushes
+      CUTE_UNROLL
+      for (int p = 0; p < kPeers; ++p) {
+        const int r = peer_rank(p);
+        if (!sees(r, block)) continue;
+        const int at = Cfg::stats_slot(w, index_at(r), int(count(p) % Cfg::kStatsSlots));
+        const uint32_t remote_full = cluster_addr(smem_addr(&st.stats_full[at]), uint32_t(r));
+        CUTE_UNROLL
+        for (int ri = 0; ri < kRows; ++ri) {
+          push_f2(cluster_addr(smem_addr(&st.stats[at][rows[ri]]), uint32_t(r)), mine[ri], remote_full);
+        }
+      }
+    }
+    CUTE_UNROLL
+    for (int ri = 0; ri < kRows; ++ri) top[ri] = mine[ri].x;
+    CUTE_UNROLL
+    for (int p = 0; p < kPeers; ++p) {  // every peer's awaited, the largest LSE found
+      if (!sees(peer_rank(p), block)) continue;
+      uint64_t* full = &st.stats_full[slot(p)];
+      if (tid == 0) Barrier::arrive_and_expect_tx(full, Cfg::kStatsBytes);
+      Barrier::wait(full, (count(p) / Cfg::kStatsSlots) & 1u);
+      CUTE_UNROLL
+      for (int ri = 0; ri < kRows; ++ri) top[ri] = fmaxf(top[ri], st.stats[slot(p)][rows[ri]].x);
+    }
+    CUTE_UNROLL
+    for (int ri = 0; ri < kRows; ++ri) {
+      sum[ri] = top[ri] == -INFINITY ? 0.0f : exp2_fast(mine[ri].x - top[ri]);
+      d[ri] = sum[ri] * mine[ri].y;
+    }
+    CUTE_UNROLL
+    for (int p = 0; p < kPeers; ++p) {
+      if (!sees(peer_rank(p), block)) continue;
+      CUTE_UNROLL
+      for (int ri = 0; ri < kRows; ++ri) {
+        const float2 v = st.stats[slot(p)][rows[ri]];
+        const float b = top[ri] == -INFINITY ? 0.0f : exp2_fast(v.x - top[ri]);
+        sum[ri] += b;
+        d[ri] = fmaf(b, v.y, d[ri]);
+      }
+      const uint32_t shift = kCountBits * p;
+      counts = (counts & ~(3u << shift)) | (((count(p) + 1) & 3u) << shift);
+    }
+  }
+};
+
+}  // namespace qksoftmax::cuda::sm90

@@ -208,9 +208,12 @@ Result run_case(const MicroRun& micro, const KbStepShape& s, const KbBuffers& b,
 // query head (head stride one row, as kb_step.h's Q and dP): the dQ stores of different CTAs land on the same
 // rows, which only a timing may do. dP ~ N(0, 1), so that dS is not zero.
 constexpr int64_t kSpKeys = 128;
-// As dispatched (with a dK warpgroup), and with dK held by the consumers (sp_pp_config.h's kDkWarpgroup = false).
+// As dispatched (with a dK warpgroup), with dK held by the consumers (sp_pp_config.h's kDkWarpgroup = false), and
+// in clusters of two (rows of 256 keys, each CTA 128 of them: the same steps per CTA, each block's statistics
+// exchanged; dQ added into rows that nobody clears, which only a timing may do).
 using Sp = qksoftmax::cuda::sm90::SpPpConfig<Element, int(kKbHeadDim)>;
 using Sp3 = qksoftmax::cuda::sm90::SpPpConfig<Element, int(kKbHeadDim), false>;
+using Sp2 = qksoftmax::cuda::sm90::SpPpConfig<Element, int(kKbHeadDim), true, 2>;
 template <class Cfg>
 struct TracedSp : Cfg {
   using Trace = PhaseTrace;
@@ -223,27 +226,29 @@ using qksoftmax::cuda::sm90::PpDkTracePhase;
 constexpr const char* kSpDkPhases[] = {"dS wait", "product", "tile end"};
 static_assert(int(std::size(kSpDkPhases)) == int(PpDkTracePhase::kCount), "a name per phase");
 static_assert(Sp::kMaxSk == kSpKeys && Sp::kBlockM == kKbBlockM, "the single pass's block is the key-block step");
+static_assert(Sp2::kMaxSk == Sp2::kCluster * kSpKeys, "a cluster's CTA holds kSpKeys keys");
 
 template <class Cfg>
 Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool trace, KbStepResult* out) {
   cudaStream_t stream = micro.stream.get();
   int device = 0;
   QKB_CUDA(cudaGetDevice(&device));
-  const int64_t key_heads = s.ctas, query_heads = s.ctas * kKbGroup;
+  constexpr int64_t kKeys = Cfg::kMaxSk;  // a row's, over the cluster's CTAs
+  const int64_t key_heads = s.ctas / Cfg::kCluster, query_heads = key_heads * kKbGroup;
   const int64_t rows = kKbRows + query_heads - 1;
   const size_t e = size_t(kKbElementBytes);
   DeviceBuffer q, k, dp, dq, dk;
   QKB_TRY(q.allocate(size_t(rows * kKbHeadDim) * e));
   QKB_TRY(dq.allocate(q.bytes()));
-  QKB_TRY(dp.allocate(size_t(rows * kSpKeys) * e));
-  QKB_TRY(k.allocate(size_t(key_heads * kSpKeys * kKbHeadDim) * e));
+  QKB_TRY(dp.allocate(size_t(rows * kKeys) * e));
+  QKB_TRY(k.allocate(size_t(key_heads * kKeys * kKbHeadDim) * e));
   QKB_TRY(dk.allocate(k.bytes()));
   for (const DeviceBuffer* b : {&q, &k}) QKB_TRY(fill_value(b->get(), b->bytes() / sizeof(kBf16One), kBf16One, stream));
   QKB_TRY(fill_normal(dp.get(), qksoftmax::DType::kBFloat16, int64_t(dp.bytes() / e), 1, stream));
 
   qksoftmax::Problem prob;
   prob.pass = qksoftmax::Pass::kBackward;
-  prob.B = 1, prob.Hq = query_heads, prob.Hk = key_heads, prob.Sq = kKbRows, prob.Sk = kSpKeys;
+  prob.B = 1, prob.Hq = query_heads, prob.Hk = key_heads, prob.Sq = kKbRows, prob.Sk = kKeys;
   prob.D = kKbHeadDim;
   prob.dtype = qksoftmax::DType::kBFloat16;
   prob.device = qksoftmax::Device::kCUDA;
@@ -252,18 +257,18 @@ Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool trace, KbSt
   prob.mode = qksoftmax::BackwardMode::kRecompute;
   prob.scale = 1.0f / std::sqrt(float(kKbHeadDim));
   prob.q = shared_rows(q.get(), rows, kKbHeadDim);
-  prob.dp = shared_rows(dp.get(), rows, kSpKeys);
+  prob.dp = shared_rows(dp.get(), rows, kKeys);
   prob.dq = shared_rows(dq.get(), rows, kKbHeadDim);
-  prob.k = heads_operand(k.get(), key_heads, kSpKeys, kKbHeadDim);
-  prob.dk = heads_operand(dk.get(), key_heads, kSpKeys, kKbHeadDim);
+  prob.k = heads_operand(k.get(), key_heads, kKeys, kKbHeadDim);
+  prob.dk = heads_operand(dk.get(), key_heads, kKeys, kKbHeadDim);
 
   double us = 0;
   QKB_TRY(median_call_us(stream, {kWarmup, kRuns, 1}, [&](int) {
-    return library_result(qksoftmax::cuda::run_sm90_single_pass<Cfg>(prob, stream), "single pass");
+    return library_result(qksoftmax::cuda::run_sm90_single_pass<Cfg>(prob, stream, false), "single pass");
   }, &us));
   const double total_steps = double(s.ctas) * double(s.steps_per_cta);
   const double active_sms = double(std::min<int64_t>(s.ctas, micro.info.sms));
-  out->mode = Cfg::kDkWarpgroup ? "single_pass" : "single_pass_3wg";
+  out->mode = Cfg::kCluster > 1 ? "single_pass_c2" : Cfg::kDkWarpgroup ? "single_pass" : "single_pass_3wg";
   out->dq = "bf16";
   out->products = kProductsRecompute;
   out->bytes = int64_t(q.bytes() + dq.bytes() + dp.bytes() + k.bytes() + dk.bytes());
@@ -274,7 +279,7 @@ Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool trace, KbSt
   if (trace) {
     std::printf("kb %s: %.3f us per step\n", out->mode.c_str(), out->step_us);
     QKB_TRY(clear_trace(stream));
-    QKB_TRY(library_result(qksoftmax::cuda::run_sm90_single_pass<TracedSp<Cfg>>(prob, stream),
+    QKB_TRY(library_result(qksoftmax::cuda::run_sm90_single_pass<TracedSp<Cfg>>(prob, stream, false),
                            "traced single pass"));
     PhaseCycles c;
     QKB_TRY(read_trace(stream, &c));
@@ -314,12 +319,14 @@ Result run_kb_steps(const MicroRun& micro, bool trace, KbStepShape* shape, std::
       results->push_back(r);
     }
   }
-  for (bool dispatched : {true, false}) {
+  for (int form = 0; form < 3; ++form) {  // as dispatched, three warpgroups, in clusters of two
     KbStepResult r;
-    QKB_TRY(dispatched ? run_sp_case<Sp>(micro, s, trace, &r) : run_sp_case<Sp3>(micro, s, trace, &r));
+    QKB_TRY(form == 0   ? run_sp_case<Sp>(micro, s, trace, &r)
+            : form == 1 ? run_sp_case<Sp3>(micro, s, trace, &r)
+                        : run_sp_case<Sp2>(micro, s, trace, &r));
     std::printf("kb %-10s %-4s %9.1f %12.3f %8d %6.1f%% %8.1f   (rows of %lld keys, pingpong)\n",
                 r.mode.c_str(), r.dq.c_str(), r.us, r.step_us, r.products, 100.0 * r.tensor_share,
-                double(r.bytes) / kBytesPerMiB, (long long)kSpKeys);
+                double(r.bytes) / kBytesPerMiB, (long long)(form == 2 ? Sp2::kMaxSk : kSpKeys));
     results->push_back(r);
   }
   return {};

@@ -73,10 +73,11 @@ QKSOFTMAX_SM90_KB_CONFIGS(QKSOFTMAX_DECLARE_SM90_KB)
 namespace sm90 {
 inline constexpr int64_t kSpBlockM = 64;  // rows per block of the pingpong single pass
 }  // namespace sm90
+// clear_dq: a cluster's CTAs add into dQ, which the call clears first (the step benchmark times the kernel alone).
 template <class SpCfg>
-Status run_sm90_single_pass(const Problem& prob, CUstream_st* stream);
+Status run_sm90_single_pass(const Problem& prob, CUstream_st* stream, bool clear_dq = true);
 #define QKSOFTMAX_DECLARE_SM90_SP(T, HD) \
-  extern template Status run_sm90_single_pass<sm90::SpPpConfig<T, HD>>(const Problem&, CUstream_st*);
+  extern template Status run_sm90_single_pass<sm90::SpPpConfig<T, HD>>(const Problem&, CUstream_st*, bool);
 QKSOFTMAX_SM90_CONFIGS(QKSOFTMAX_DECLARE_SM90_SP)
 #undef QKSOFTMAX_DECLARE_SM90_SP
 

@@ -3,5 +3,5 @@
 #include "cuda/sm90_instances.h"
 
 namespace qksoftmax::cuda {
-template Status run_sm90_single_pass<sm90::SpPpConfig<cutlass::half_t, 128>>(const Problem&, CUstream_st*);
+template Status run_sm90_single_pass<sm90::SpPpConfig<cutlass::half_t, 128>>(const Problem&, CUstream_st*, bool);
 }  // namespace qksoftmax::cuda

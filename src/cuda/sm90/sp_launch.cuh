@@ -37,7 +37,7 @@ constexpr int kClearBlocksPerSm = 4;
 }  // namespace sm90
 
 template <class SpCfg>
-Status run_sm90_single_pass(const Problem& prob, CUstream_st* stream) {
+Status run_sm90_single_pass(const Problem& prob, CUstream_st* stream, [[maybe_unused]] bool clear_dq) {
   constexpr const char* kName = "sm90 single pass";
   if (prob.Sk > SpCfg::kMaxSk) {
     return {Code::kInternal, std::string(kName) + ": rows of more than " + std::to_string(SpCfg::kMaxSk) + " keys"};
@@ -73,14 +73,16 @@ Status run_sm90_single_pass(const Problem& prob, CUstream_st* stream) {
     Status status;
     const int resident = resident_clusters<SpCfg>(sm90::sp_pp_kernel<SpCfg>, kName, kCluster, &status);
     if (resident == 0) return status;
-    const int64_t rows = prob.B * prob.Hq * prob.Sq;
-    const int64_t clear_blocks = std::min<int64_t>(
-        (rows * SpCfg::kHeadDim * int64_t(sizeof(Element)) / int64_t(sizeof(uint4)) + sm90::kClearThreads - 1) /
-            sm90::kClearThreads,
-        int64_t(device->sm_count) * sm90::kClearBlocksPerSm);
-    sm90::sp_clear_dq_kernel<Element, SpCfg::kHeadDim>
-        <<<unsigned(clear_blocks), sm90::kClearThreads, 0, stream>>>(prob.dq, prob.Hq, prob.Sq, rows);
-    if (Status s = launch_status("sm90 single pass (dQ cleared)"); !s.ok()) return s;
+    if (clear_dq) {
+      const int64_t rows = prob.B * prob.Hq * prob.Sq;
+      const int64_t clear_blocks = std::min<int64_t>(
+          (rows * SpCfg::kHeadDim * int64_t(sizeof(Element)) / int64_t(sizeof(uint4)) + sm90::kClearThreads - 1) /
+              sm90::kClearThreads,
+          int64_t(device->sm_count) * sm90::kClearBlocksPerSm);
+      sm90::sp_clear_dq_kernel<Element, SpCfg::kHeadDim>
+          <<<unsigned(clear_blocks), sm90::kClearThreads, 0, stream>>>(prob.dq, prob.Hq, prob.Sq, rows);
+      if (Status s = launch_status("sm90 single pass (dQ cleared)"); !s.ok()) return s;
+    }
     return launch<SpCfg>(sm90::sp_pp_kernel<SpCfg>, kName, std::min<int64_t>(tiles, resident) * kCluster, params,
                          stream, kCluster);
   }

@@ -21,15 +21,15 @@
 namespace qksoftmax::cuda {
 
 namespace sm90 {
-// dQ cleared (16-byte vectors: TMA-ready rows of kHeadDim 16-bit values), so that the CTAs of a cluster add into it.
+// dQ cleared (its rows as dq_target gives them, kHeadDim 16-bit values in 16-byte vectors), so that the CTAs of a
+// cluster add into it.
 template <class Element, int kHeadDim>
-__global__ void sp_clear_dq_kernel(Operand dq, int64_t hq, int64_t sq, int64_t rows) {
+__global__ void sp_clear_dq_kernel(DqTarget dq, int64_t hq, int64_t sq, int64_t rows) {
   constexpr int kVectors = kHeadDim * int(sizeof(Element)) / int(sizeof(uint4));
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * kVectors; i += stride) {
     const int64_t r = i / kVectors;
-    Element* row = static_cast<Element*>(dq.ptr) + dq.offset(r / (hq * sq), r / sq % hq, r % sq);
-    reinterpret_cast<uint4*>(row)[i % kVectors] = make_uint4(0, 0, 0, 0);
+    dq.row(r / (hq * sq), r / sq % hq, r % sq)[i % kVectors] = make_uint4(0, 0, 0, 0);
   }
 }
 constexpr int kClearThreads = 256;
@@ -74,13 +74,13 @@ Status run_sm90_single_pass(const Problem& prob, CUstream_st* stream, [[maybe_un
     const int resident = resident_clusters<SpCfg>(sm90::sp_pp_kernel<SpCfg>, kName, kCluster, &status);
     if (resident == 0) return status;
     if (clear_dq) {
+      const sm90::DqTarget target = dq_target<Element>(prob, true, nullptr);
       const int64_t rows = prob.B * prob.Hq * prob.Sq;
-      const int64_t clear_blocks = std::min<int64_t>(
-          (rows * SpCfg::kHeadDim * int64_t(sizeof(Element)) / int64_t(sizeof(uint4)) + sm90::kClearThreads - 1) /
-              sm90::kClearThreads,
-          int64_t(device->sm_count) * sm90::kClearBlocksPerSm);
+      const int64_t clear_blocks = std::min<int64_t>((rows * target.row_vectors + sm90::kClearThreads - 1) /
+                                                         sm90::kClearThreads,
+                                                     int64_t(device->sm_count) * sm90::kClearBlocksPerSm);
       sm90::sp_clear_dq_kernel<Element, SpCfg::kHeadDim>
-          <<<unsigned(clear_blocks), sm90::kClearThreads, 0, stream>>>(prob.dq, prob.Hq, prob.Sq, rows);
+          <<<unsigned(clear_blocks), sm90::kClearThreads, 0, stream>>>(target, prob.Hq, prob.Sq, rows);
       if (Status s = launch_status("sm90 single pass (dQ cleared)"); !s.ok()) return s;
     }
     return launch<SpCfg>(sm90::sp_pp_kernel<SpCfg>, kName, std::min<int64_t>(tiles, resident) * kCluster, params,

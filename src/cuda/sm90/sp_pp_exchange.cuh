@@ -34,29 +34,28 @@ struct SpPpExchange {
   // The rank of peer p (the other CTAs, by rank), and this CTA's index among the peers of CTA `of`.
   __device__ int peer_rank(int p) const { return p < rank ? p : p + 1; }
   __device__ int index_at(int of) const { return rank < of ? rank : rank - 1; }
-  // Whether CTA r's keys are seen by row block `block` (its key block is r: the tile order's first row block).
-  __device__ bool sees(int r, int block) const { return block >= order.first_row_block(r); }
   __device__ uint32_t count(int p) const { return (counts >> (kCountBits * p)) & 3u; }
   __device__ int slot(int p) const { return Cfg::stats_slot(w, p, int(count(p) % Cfg::kStatsSlots)); }
 
-  // Whether another CTA holds keys of row block `block`: then the block's statistics are exchanged.
-  __device__ bool exchanged(int block) const {
-    bool any = false;
+  // The peers whose keys row block `block` sees (bit p: peer p; CTA r's key block is r, the tile order gives its
+  // first row block): the block's statistics are exchanged with them, none where 0.
+  __device__ uint32_t peers_of(int block) const {
+    uint32_t peers = 0;
     CUTE_UNROLL
-    for (int p = 0; p < kPeers; ++p) any |= sees(peer_rank(p), block);
-    return any;
+    for (int p = 0; p < kPeers; ++p) peers |= uint32_t(block >= order.first_row_block(peer_rank(p))) << p;
+    return peers;
   }
 
   // This thread's rows' (LSE, D) over its CTA's keys (`mine`; `rows`: their indices in the block) pushed to the
-  // CTAs whose keys block `block` sees, theirs awaited, and the row's combination returned: the largest LSE_r
-  // (`top`), Σ_r 2^(LSE_r − top) (`sum`) and Σ_r 2^(LSE_r − top) D_r (`d`).
-  __device__ void combine(int block, const float2 (&mine)[kRows], const int (&rows)[kRows], int tid,
+  // block's peers (peers_of), theirs awaited, and the row's combination returned: the largest LSE_r (`top`),
+  // Σ_r 2^(LSE_r − top) (`sum`) and Σ_r 2^(LSE_r − top) D_r (`d`).
+  __device__ void combine(uint32_t peers, const float2 (&mine)[kRows], const int (&rows)[kRows], int tid,
                           float (&top)[kRows], float (&sum)[kRows], float (&d)[kRows]) {
     if (tid % kQuad == 0) {  // a row's lanes hold the same values: one pushes
       CUTE_UNROLL
       for (int p = 0; p < kPeers; ++p) {
+        if (!(peers >> p & 1u)) continue;
         const int r = peer_rank(p);
-        if (!sees(r, block)) continue;
         const int at = Cfg::stats_slot(w, index_at(r), int(count(p) % Cfg::kStatsSlots));
         const uint32_t remote_full = cluster_addr(smem_addr(&st.stats_full[at]), uint32_t(r));
         CUTE_UNROLL
@@ -69,7 +68,7 @@ struct SpPpExchange {
     for (int ri = 0; ri < kRows; ++ri) top[ri] = mine[ri].x;
     CUTE_UNROLL
     for (int p = 0; p < kPeers; ++p) {  // every peer's awaited, the largest LSE found
-      if (!sees(peer_rank(p), block)) continue;
+      if (!(peers >> p & 1u)) continue;
       uint64_t* full = &st.stats_full[slot(p)];
       if (tid == 0) Barrier::arrive_and_expect_tx(full, Cfg::kStatsBytes);
       Barrier::wait(full, (count(p) / Cfg::kStatsSlots) & 1u);
@@ -83,7 +82,7 @@ struct SpPpExchange {
     }
     CUTE_UNROLL
     for (int p = 0; p < kPeers; ++p) {
-      if (!sees(peer_rank(p), block)) continue;
+      if (!(peers >> p & 1u)) continue;
       CUTE_UNROLL
       for (int ri = 0; ri < kRows; ++ri) {
         const float2 v = st.stats[slot(p)][rows[ri]];

@@ -149,14 +149,14 @@ struct SpPpMainloop {
         const bool cut = softmax.cut(m0, work.n0);
         float m[kRows], f[kRows], fd[kRows];  // (f, fd: l and u until the factors)
         softmax.sums(tSrS, tSrdP, m0, work.n0, cut, m, f, fd);
-        bool exchanged = false;  // (a lone CTA holds every key of its rows)
-        if constexpr (Cfg::kCluster > 1) exchanged = exchange.exchanged(block);
-        if (exchanged) {
+        uint32_t peers = 0;  // (a lone CTA holds every key of its rows)
+        if constexpr (Cfg::kCluster > 1) peers = exchange.peers_of(block);
+        if (peers != 0) {
           float2 mine[kRows];
           CUTE_UNROLL
           for (int ri = 0; ri < kRows; ++ri) mine[ri] = SpPpSoftmax<Cfg>::partial(m[ri], f[ri], fd[ri]);
           float top[kRows], sum[kRows], d[kRows];
-          exchange.combine(block, mine, rows, tid, top, sum, d);
+          exchange.combine(peers, mine, rows, tid, top, sum, d);
           softmax.factors_of(m, top, sum, d, f, fd);
         } else {
           softmax.factors(f, fd);

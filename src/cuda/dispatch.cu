@@ -23,10 +23,11 @@ constexpr int64_t kSm90HeadDim = 128;
 bool sm90_backward_shape(const Problem& prob) {
   return prob.pass == Pass::kBackward && prob.dtype != DType::kFloat32 && prob.D == kSm90HeadDim;
 }
-// The single-pass backward (given TMA-ready tensors) sums in a fixed order: it serves every deterministic call of
-// up to kSm90SinglePassMaxSk keys. Otherwise it takes the rows that one CTA holds, where it is the faster
-// (H200, seed16 bf16, 2026-12-01: 0.65-0.82x the two-pass time at S = 128, 0.92-1.09x at 256 and 1.4-2.4x
-// at 512 and 1024 in clusters of 4 and 8 CTAs); longer rows take the two-pass backward.
+// The row-block single pass (sm90/bwd_config.h, given TMA-ready tensors) sums in a fixed order: it serves the
+// deterministic calls of up to kSm90SinglePassMaxSk keys that the pingpong single pass (sm90_sp_cluster) does not
+// take, and rows that one CTA holds in saved-P mode or with few long tiles (H200, seed16 bf16, 2026-12-01:
+// 0.65-0.82x the two-pass time at S = 128, 0.92-1.09x at 256 and 1.4-2.4x at 512 and 1024 in clusters of 4 and 8
+// CTAs); longer rows take the two-pass backward.
 constexpr int64_t kSm90SinglePassDefaultMaxSk = 128;
 bool sm90_single_pass_fits(const Problem& prob) {
   return prob.Sk <= (prob.deterministic ? kSm90SinglePassMaxSk : kSm90SinglePassDefaultMaxSk);
@@ -68,18 +69,51 @@ bool sm90_tma_ready(const Problem& prob) {
 // The backward that run gives the single pass (whatever it then finds, it launches nothing else).
 bool sm90_single_pass(const Problem& prob) { return sm90_tma_ready(prob) && sm90_single_pass_fits(prob); }
 
-// Of those, the pingpong single pass (sm90/sp_pp_config.h) takes recompute rows of up to 128 keys
-// with dQ in TMA's reach
-// (a given LSE is not read: the pass computes its own statistics, as it must for D anyway) where its tiles, one
-// per (batch, key head), fill the GPU or are short: with fewer tiles than SMs and more than kSm90SpMaxSteps steps
-// a tile, the row-block tiles of the cluster single pass spread the work wider.
-constexpr int64_t kSm90SpMaxSk = 128;
+// The pingpong single pass (sm90/sp_pp_config.h) takes recompute rows of up to 1024 keys with dQ in TMA's reach
+// (a given LSE is not read: the pass computes its own statistics, as it must for D anyway), in clusters of
+// C = 1, 2, 4 or 8 CTAs, CTA r holding keys [128 r, 128 r + 128) of a (batch, key head): rows of up to 128, 129
+// to 256, 385 to 512 and 897 to 1024 keys (other lengths: the two-pass backward). A cluster's CTAs add their dQ
+// parts into dQ in the order they finish: the same sum in either order for two parts added into zero, so only
+// clusters of up to 2 serve deterministic calls. It is taken where its tiles, one cluster per (batch, key head),
+// fill the GPU or are short: with fewer CTAs than SMs and more than kSm90SpMaxSteps steps a tile, the row-block
+// tiles of the other backward kernels spread the work wider. Returns the cluster size, or 0 where not taken.
+// The largest clusters taken, by mask (H200, seed16 bf16, recompute, 2026-12-03, against the two-pass backward
+// in the same call): causal rows, 2 (B8·S256 200.9 and 212.5 µs in two calls against v28's 253.2; clusters of 4 and 8 lose, B8·S512 686
+// against 588 and B8·S1024 2656 against 1759: a cluster moves at the pace of its CTA 0, whose keys every row sees,
+// while the others idle, busy (C + 1) / 2C of the time, docs/DESIGN.md); unmasked rows, 4 (S = 512 at B 1 / 2 / 4 /
+// 8: 114.6 / 194.9 / 374.3 / 705.3 µs against 117.2 / 214.6 / 412.5 / 778.0; clusters of 8 at S = 1024 win at B8
+// only, 2881 against 3004, and lose at B 1 / 2 / 4). QKSOFTMAX_SM90_SP_MAX_CLUSTER, where defined, takes the place
+// of both (an A/B build's knob).
+#ifdef QKSOFTMAX_SM90_SP_MAX_CLUSTER
+constexpr int kSm90SpMaxClusterCausal = QKSOFTMAX_SM90_SP_MAX_CLUSTER;
+constexpr int kSm90SpMaxClusterFull = QKSOFTMAX_SM90_SP_MAX_CLUSTER;
+#else
+constexpr int kSm90SpMaxClusterCausal = 2;
+constexpr int kSm90SpMaxClusterFull = 4;
+#endif
 constexpr int64_t kSm90SpMaxSteps = 64;
-bool sm90_sp(const Problem& prob, int sms) {
-  if (prob.mode != BackwardMode::kRecompute || prob.Sk > kSm90SpMaxSk) return false;
-  if (!tma_compatible(prob.dq, dtype_size(prob.dtype))) return false;  // dQ stored by TMA
+constexpr int kSm90SpDeterministicMaxCluster = 2;
+int sm90_sp_cluster(const Problem& prob, int sms) {
+  if (prob.mode != BackwardMode::kRecompute || prob.Sk > kSm90SinglePassMaxSk) return 0;
+  if (!tma_compatible(prob.dq, dtype_size(prob.dtype))) return 0;  // dQ stored (or added) by TMA
+  const int64_t cluster = (prob.Sk + sm90::kSpBlockN - 1) / sm90::kSpBlockN;
+  if (cluster & (cluster - 1)) return 0;  // 3, 5, 6, 7: not instantiated
+  if (cluster > (prob.mask == Mask::kCausal ? kSm90SpMaxClusterCausal : kSm90SpMaxClusterFull)) return 0;
+  if (prob.deterministic && cluster > kSm90SpDeterministicMaxCluster) return 0;
   const int64_t steps = (prob.Sq + sm90::kSpBlockM - 1) / sm90::kSpBlockM * prob.group();
-  return prob.B * prob.Hk >= sms || steps <= kSm90SpMaxSteps;
+  return prob.B * prob.Hk * cluster >= sms || steps <= kSm90SpMaxSteps ? int(cluster) : 0;
+}
+
+template <class T, int HD>
+Status run_sm90_sp(const Problem& prob, int cluster, CUstream_st* stream) {
+  switch (cluster) {
+#define QKSOFTMAX_SM90_SP_CASE(T_, HD_, C) \
+    case C:                                 \
+      return run_sm90_single_pass<sm90::SpPpConfig<T_, HD_, true, C>>(prob, stream);
+    QKSOFTMAX_SM90_SP_CLUSTERS(QKSOFTMAX_SM90_SP_CASE, T, HD)
+#undef QKSOFTMAX_SM90_SP_CASE
+  }
+  return {Code::kInternal, "sm90 single pass: no clusters of " + std::to_string(cluster) + " CTAs"};
 }
 
 // The two-pass backward adds its dQ partials (one per 128-key column block) straight into dQ, carrying the
@@ -122,10 +156,10 @@ Status run(const Problem& prob, void* workspace, CUstream_st* stream) {
     QKSOFTMAX_SM90_CONFIGS(QKSOFTMAX_DISPATCH_SM90_FORWARD)
 #undef QKSOFTMAX_DISPATCH_SM90_FORWARD
   }
-  if (sm90_single_pass(prob) && sm90_sp(prob, device->sm_count)) {
+  if (const int cluster = sm90_tma_ready(prob) ? sm90_sp_cluster(prob, device->sm_count) : 0; cluster > 0) {
 #define QKSOFTMAX_DISPATCH_SM90_SP(T, HD)                                               \
     if (prob.dtype == ElementTraits<T>::kDType && prob.D == HD) {                      \
-      return run_sm90_single_pass<sm90::SpPpConfig<T, HD>>(prob, stream);            \
+      return run_sm90_sp<T, HD>(prob, cluster, stream);                                \
     }
     QKSOFTMAX_SM90_CONFIGS(QKSOFTMAX_DISPATCH_SM90_SP)
 #undef QKSOFTMAX_DISPATCH_SM90_SP

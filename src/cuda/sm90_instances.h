@@ -68,18 +68,24 @@ Status run_sm90_keyblock(const Problem& prob, const generic::Params& rows, const
 QKSOFTMAX_SM90_KB_CONFIGS(QKSOFTMAX_DECLARE_SM90_KB)
 #undef QKSOFTMAX_DECLARE_SM90_KB
 
-// The pingpong single pass (rows of up to 128 keys, recompute, statistics computed in the pass): one
-// instantiation per dtype and head dimension (the configurations of the two-pass backward).
+// The pingpong single pass (recompute, statistics computed in the pass) in clusters of C CTAs, CTA r holding keys
+// [128 r, 128 r + 128): rows of up to 128 keys in one CTA, of up to 128·C keys in clusters of C = 2, 4, 8. One
+// instantiation per dtype, head dimension (the configurations of the two-pass backward) and cluster size, each in
+// its own translation unit (sm90_sp_c<C>_<dtype>_hd<D>.cu).
 namespace sm90 {
 inline constexpr int64_t kSpBlockM = 64;  // rows per block of the pingpong single pass
+inline constexpr int64_t kSpBlockN = 128;  // keys per CTA of the pingpong single pass
 }  // namespace sm90
 // clear_dq: a cluster's CTAs add into dQ, which the call clears first (the step benchmark times the kernel alone).
 template <class SpCfg>
 Status run_sm90_single_pass(const Problem& prob, CUstream_st* stream, bool clear_dq = true);
-#define QKSOFTMAX_DECLARE_SM90_SP(T, HD) \
-  extern template Status run_sm90_single_pass<sm90::SpPpConfig<T, HD>>(const Problem&, CUstream_st*, bool);
+#define QKSOFTMAX_SM90_SP_CLUSTERS(X, T, HD) X(T, HD, 1) X(T, HD, 2) X(T, HD, 4) X(T, HD, 8)
+#define QKSOFTMAX_DECLARE_SM90_SP_CLUSTER(T, HD, C) \
+  extern template Status run_sm90_single_pass<sm90::SpPpConfig<T, HD, true, C>>(const Problem&, CUstream_st*, bool);
+#define QKSOFTMAX_DECLARE_SM90_SP(T, HD) QKSOFTMAX_SM90_SP_CLUSTERS(QKSOFTMAX_DECLARE_SM90_SP_CLUSTER, T, HD)
 QKSOFTMAX_SM90_CONFIGS(QKSOFTMAX_DECLARE_SM90_SP)
 #undef QKSOFTMAX_DECLARE_SM90_SP
+#undef QKSOFTMAX_DECLARE_SM90_SP_CLUSTER
 
 // The single-pass (cluster) backward takes rows of up to this many keys (a portable cluster of 8 CTAs × 128
 // keys); the two-pass backward takes longer rows.

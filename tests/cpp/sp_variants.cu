@@ -3,6 +3,7 @@
 // instantiated for the kernel tests (test_sm90_sp_variants.cpp), behind a plain function: the library's CUDA code
 // builds as C++17, the tests as C++20.
 #include "cuda/sm90/sp_launch.cuh"
+#include "cuda/sm90_instances.h"
 #include "sp_variants.h"
 
 #include <string>
@@ -21,13 +22,14 @@ Status run_single_pass(const Problem& prob, SpForm form, CUstream_st* stream) {
 }
 
 Status run_single_pass_cluster(const Problem& prob, int cluster, CUstream_st* stream) {
-  switch (cluster) {
+  using cuda::sm90::SpPpConfig;
+  switch (cluster) {  // the library's instances (sm90_instances.h)
     case 2:
-      return run_single_pass_cluster2(prob, stream);
+      return cuda::run_sm90_single_pass<SpPpConfig<cutlass::bfloat16_t, 128, true, 2>>(prob, stream);
     case 4:
-      return run_single_pass_cluster4(prob, stream);
+      return cuda::run_sm90_single_pass<SpPpConfig<cutlass::bfloat16_t, 128, true, 4>>(prob, stream);
     case 8:
-      return run_single_pass_cluster8(prob, stream);
+      return cuda::run_sm90_single_pass<SpPpConfig<cutlass::bfloat16_t, 128, true, 8>>(prob, stream);
   }
   return {Code::kInternal, "no single pass in clusters of " + std::to_string(cluster)};
 }

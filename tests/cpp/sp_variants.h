@@ -12,10 +12,7 @@ enum class SpForm { kDispatched, kThreeWarpgroups };
 Status run_single_pass(const Problem& prob, SpForm form, CUstream_st* stream);
 
 // The pingpong single pass in a cluster of `cluster` CTAs (2, 4 or 8; rows of more than 128·(cluster / 2) and up
-// to 128·cluster keys), bf16, D = 128, recompute (sp_cluster{2,4,8}.cu; not dispatched yet).
+// to 128·cluster keys), bf16, D = 128, recompute: the library's instances, called directly.
 Status run_single_pass_cluster(const Problem& prob, int cluster, CUstream_st* stream);
-Status run_single_pass_cluster2(const Problem& prob, CUstream_st* stream);
-Status run_single_pass_cluster4(const Problem& prob, CUstream_st* stream);
-Status run_single_pass_cluster8(const Problem& prob, CUstream_st* stream);
 
 }  // namespace qksoftmax::test

@@ -343,12 +343,13 @@ TEST_P(GpuKeyBlockSinglePass, ForwardAndBackward) {
 INSTANTIATE_TEST_SUITE_P(Edges, GpuKeyBlockSinglePass, ::testing::ValuesIn(keyblock_single_pass_cases()), param_name);
 
 // With options.deterministic, two runs are bitwise identical (dK sums over the query heads of a group), and
-// they match the reference. S = 1000 and 512 reach the single-pass Hopper kernel, which sums in a fixed order
-// up to 1024 keys in both modes; longer rows take the generic kernels.
+// they match the reference. S = 1000 and 512 reach the row-block single pass, which sums in a fixed order up to 1024
+// keys in both modes; S = 256 in recompute the pingpong single pass in clusters of two (dQ: two parts added into
+// zero, the same sum in either order); longer rows take the generic kernels.
 class GpuDeterminism : public GpuTest, public ::testing::WithParamInterface<Variant> {};
 
 TEST_P(GpuDeterminism, TwoRunsBitwiseEqual) {
-  for (int64_t len : {1000, 512}) {
+  for (int64_t len : {1000, 512, 256}) {
     SCOPED_TRACE("S = " + std::to_string(len));
     const int64_t batch = small_shapes() ? 1 : 2, heads = small_shapes() ? 4 : 8;
     const Case c{.B = batch, .Hq = heads, .Hk = 1, .Sq = len, .Sk = len, .D = 128, .variant = GetParam(),

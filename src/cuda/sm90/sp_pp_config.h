@@ -48,6 +48,7 @@ struct SpPpConfig {
   static constexpr int kPeers = kCluster - 1;  // the other CTAs of a cluster
   static constexpr int kMaxSk = kBlockN * kCluster;
   static_assert(kBlockM == kSpBlockM, "dispatch.cu counts the single pass's steps by sm90_instances.h's kSpBlockM");
+  static_assert(kBlockN == kSpBlockN, "dispatch.cu sizes the single pass's clusters by sm90_instances.h's kSpBlockN");
   static constexpr int kConsumers = 2;
   static constexpr int kHalf = kBlockN / kConsumers;  // keys of a consumer's dK
   static constexpr bool kStaticTiles = true;          // KbTileWriter::claim: CTA c's tiles are c, c + grid, …

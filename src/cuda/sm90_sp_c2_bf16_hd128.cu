@@ -1,0 +1,8 @@
+// The Hopper pingpong single pass (recompute) for bf16, head dimension 128:
+// in clusters of 2 CTAs (rows of up to 256 keys).
+#include "cuda/sm90/sp_launch.cuh"
+#include "cuda/sm90_instances.h"
+
+namespace qksoftmax::cuda {
+template Status run_sm90_single_pass<sm90::SpPpConfig<cutlass::bfloat16_t, 128, true, 2>>(const Problem&, CUstream_st*, bool);
+}  // namespace qksoftmax::cuda

@@ -73,19 +73,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     __syncthreads();  // every barrier initialised before any use
   }
 
+  // In a cluster each CTA awaits every push into it, its shared memory kept until the other CTAs are done too. Each
+  // role ends with that barrier, so that no code follows the roles' branches: with the barrier after them, ptxas
+  // (CUDA 13.0) serialised every wgmma of the kernel (C7518, a warpgroup dependency in a divergent path).
+  const auto finish = [] {
+    if constexpr (Cfg::kCluster > 1) cute::cluster_sync();
+  };
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
     if (q_thread) SpPpProducer<Cfg>{params, st}.load_q(q_pipe);
     if (dp_thread) SpPpProducer<Cfg>{params, st}.load_dp(p_pipe);
+    finish();
   } else if (warpgroup < Cfg::kDkWarpgroupIndex) {
     cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
     SpPpMainloop<Cfg>{params, st, warpgroup - 1}.run(q_pipe, p_pipe);
+    finish();
   } else if constexpr (Cfg::kDkWarpgroup) {
     cutlass::arch::warpgroup_reg_alloc<Cfg::kDkRegs>();
     SpPpDkWarpgroup<Cfg>{params, st}.run(q_pipe);
+    finish();
   }
-  // Each CTA awaits every push into it; its shared memory stays until the other CTAs are done too.
-  if constexpr (Cfg::kCluster > 1) cute::cluster_sync();
 }
 
 }  // namespace qksoftmax::cuda::sm90

@@ -2,8 +2,8 @@
 // C CTAs), recompute mode; the step loads as the key-block pass's (kb_loads), the tile order (kb_scheduler.h: a
 // (batch, key head)'s key blocks consecutive, one per CTA of its cluster) and the grid: one persistent CTA per SM
 // (or as many clusters as fit at once), or one per tile where there are fewer. No workspace. One CTA stores
-// every dQ row once (by TMA: dQ in its reach); a cluster's CTAs each add their part into dQ, cleared first
-// (sp_clear_dq_kernel). dK is stored once per tile.
+// every dQ row once (by TMA: dQ in its reach); in a cluster the row blocks that CTA 0 alone sees are stored
+// by it, the others added by each CTA into dQ cleared first (sp_clear_dq_kernel). dK is stored once per tile.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,15 +21,17 @@
 namespace qksoftmax::cuda {
 
 namespace sm90 {
-// dQ cleared (its rows as dq_target gives them, kHeadDim 16-bit values in 16-byte vectors), so that the CTAs of a
-// cluster add into it.
+// dQ's rows [first_row, sq) of every (batch, query head) cleared (as dq_target gives them, kHeadDim 16-bit values
+// in 16-byte vectors): the rows of the blocks that the CTAs of a cluster share, which they add into
+// (SpPpConfig::shared_block); the others are stored.
 template <class Element, int kHeadDim>
-__global__ void sp_clear_dq_kernel(DqTarget dq, int64_t hq, int64_t sq, int64_t rows) {
+__global__ void sp_clear_dq_kernel(DqTarget dq, int64_t hq, int64_t sq, int64_t first_row, int64_t rows) {
   constexpr int kVectors = kHeadDim * int(sizeof(Element)) / int(sizeof(uint4));
+  const int64_t per_head = sq - first_row;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * kVectors; i += stride) {
-    const int64_t r = i / kVectors;
-    dq.row(r / (hq * sq), r / sq % hq, r % sq)[i % kVectors] = make_uint4(0, 0, 0, 0);
+    const int64_t r = i / kVectors, head = r / per_head;
+    dq.row(head / hq, head % hq, first_row + r % per_head)[i % kVectors] = make_uint4(0, 0, 0, 0);
   }
 }
 constexpr int kClearThreads = 256;
@@ -58,8 +60,8 @@ Status run_sm90_single_pass(const Problem& prob, CUstream_st* stream, [[maybe_un
       cute::make_stride(prob.dq.sr, cute::_1{}, prob.dq.sh, prob.dq.sb));
   constexpr int kCluster = SpCfg::kCluster;
   typename SpCfg::Params params{prob, kb_loads<SpCfg>(prob),
-                                make_tma_copy(typename SpCfg::DqStoreOp{}, dq, typename SpCfg::SmemLayoutdQ{}),
-                                SpCfg::TileOrder::of(prob, head_bytes)};
+                                make_tma_copy(cute::SM90_TMA_STORE{}, dq, typename SpCfg::SmemLayoutdQ{}),
+                                typename SpCfg::TmaAddedQ{}, SpCfg::TileOrder::of(prob, head_bytes)};
   if constexpr (kCluster == 1) {
     const int64_t grid = std::min<int64_t>(tiles, int64_t(device->sm_count) * SpCfg::kCtasPerSm);
     return launch<SpCfg>(sm90::sp_pp_kernel<SpCfg>, kName, grid, params, stream);
@@ -69,18 +71,20 @@ Status run_sm90_single_pass(const Problem& prob, CUstream_st* stream, [[maybe_un
                                    " CTAs for rows of " + std::to_string(prob.Sk) + " keys"};
     }
     params.order.by_head();  // the cluster of tile indices [C i, C i + C) takes head i
+    params.tma_dq_add = make_tma_copy(cute::SM90_TMA_REDUCE_ADD{}, dq, typename SpCfg::SmemLayoutdQ{});
     if (Status s = take_tma_failure(kName); !s.ok()) return s;  // (before dQ is cleared: nothing written)
     Status status;
     const int resident = resident_clusters<SpCfg>(sm90::sp_pp_kernel<SpCfg>, kName, kCluster, &status);
     if (resident == 0) return status;
-    if (clear_dq) {
+    const int64_t first_row = std::min<int64_t>(prob.Sq, int64_t(params.order.first_row_block(1)) * SpCfg::kBlockM);
+    const int64_t rows = prob.B * prob.Hq * (prob.Sq - first_row);  // in the blocks that CTAs share
+    if (clear_dq && rows > 0) {
       const sm90::DqTarget target = dq_target<Element>(prob, true, nullptr);
-      const int64_t rows = prob.B * prob.Hq * prob.Sq;
       const int64_t clear_blocks = std::min<int64_t>((rows * target.row_vectors + sm90::kClearThreads - 1) /
                                                          sm90::kClearThreads,
                                                      int64_t(device->sm_count) * sm90::kClearBlocksPerSm);
       sm90::sp_clear_dq_kernel<Element, SpCfg::kHeadDim>
-          <<<unsigned(clear_blocks), sm90::kClearThreads, 0, stream>>>(target, prob.Hq, prob.Sq, rows);
+          <<<unsigned(clear_blocks), sm90::kClearThreads, 0, stream>>>(target, prob.Hq, prob.Sq, first_row, rows);
       if (Status s = launch_status("sm90 single pass (dQ cleared)"); !s.ok()) return s;
     }
     return launch<SpCfg>(sm90::sp_pp_kernel<SpCfg>, kName, std::min<int64_t>(tiles, resident) * kCluster, params,

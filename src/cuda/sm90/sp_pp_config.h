@@ -112,12 +112,16 @@ struct SpPpConfig {
     TmaP dp;
     TmaP p;
   };
-  using DqStoreOp = std::conditional_t<kCluster == 1, SM90_TMA_STORE, SM90_TMA_REDUCE_ADD>;
-  using TmaStoredQ = decltype(make_tma_copy(
-      DqStoreOp{},
+  // dQ as TMA writes a block of it: stored where the block is the CTA's alone, added (into dQ cleared first) where
+  // other CTAs of its cluster hold keys that the block sees (SpPpConfig::shared_block).
+  template <class Op>
+  using TmadQ = decltype(make_tma_copy(
+      Op{},
       make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), Shape<int32_t, HD, int32_t, int32_t>{},
                   Stride<int64_t, _1, int64_t, int64_t>{}),
       SmemLayoutdQ{}));
+  using TmaStoredQ = TmadQ<SM90_TMA_STORE>;
+  using TmaAddedQ = TmadQ<SM90_TMA_REDUCE_ADD>;
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
   static constexpr uint32_t kPBytes = kBlockM * kBlockN * sizeof(Element);  // a (BM, BN) tile: a dP slot, a dS buffer
@@ -228,8 +232,17 @@ struct SpPpConfig {
     Problem prob;
     Loads tma;
     TmaStoredQ tma_dq;
+    TmaAddedQ tma_dq_add;  // (kCluster > 1; unset otherwise)
     TileOrder order;
   };
+
+  // Whether row block `mb` of key block `nb`'s CTA is shared with other CTAs of the cluster, its dQ then added into
+  // dQ cleared first, or the CTA's alone, its dQ stored. The rows that see key block 1 see key block 0 as well
+  // (causal masks cut keys past the row): CTA 0 shares the blocks from key block 1's first on, the others share
+  // every block of theirs (with CTA 0).
+  CUTE_HOST_DEVICE static bool shared_block(const TileOrder& order, int nb, int mb) {
+    return kCluster > 1 && (nb > 0 || mb >= order.first_row_block(1));
+  }
 };
 
 // A ring's slot and phase for the CTA's block g (every role counts the same blocks).

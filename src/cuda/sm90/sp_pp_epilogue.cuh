@@ -48,15 +48,23 @@ struct SpDqStore {
   }
 
   // One thread: staging tile `tile` (every row of it staged and released) stored as dQ row block `mb` (rows
-  // [64 mb, 64 mb + 64)) of (b, head) by one TMA; rows past Sq are clipped. The caller awaits the store's read
-  // before the tile is written again (tma_store_wait).
+  // [64 mb, 64 mb + 64)) of (b, head) by one TMA, or added into it where the block is shared with other CTAs of
+  // the cluster (SpPpConfig::shared_block: a CTA's key block is its rank); rows past Sq are clipped. The caller
+  // awaits the TMA's read before the tile is written again (tma_store_wait).
   __device__ void store(int tile, int32_t b, int32_t head, int32_t mb) const {
     const Problem& prob = params.prob;
-    Tensor mdQ = params.tma_dq.get_tma_tensor(make_shape(int32_t(prob.Sq), HD{}, int32_t(prob.Hq), int32_t(prob.B)));
     Tensor sdQ = make_tensor(make_smem_ptr(base + tile * cosize_v<typename Cfg::SmemLayoutdQ>),
-                             typename Cfg::SmemLayoutdQ{});                    // (BM, D)
-    Tensor gdQ = local_tile(mdQ(_, _, head, b), Shape<BM, HD>{}, make_coord(mb, 0));  // (BM, D)
-    tma_store_tile(params.tma_dq, sdQ, gdQ);
+                             typename Cfg::SmemLayoutdQ{});  // (BM, D)
+    const auto dq_shape = make_shape(int32_t(prob.Sq), HD{}, int32_t(prob.Hq), int32_t(prob.B));
+    if (Cfg::shared_block(params.order, int(cute::block_rank_in_cluster()), mb)) {
+      Tensor gdQ = local_tile(params.tma_dq_add.get_tma_tensor(dq_shape)(_, _, head, b), Shape<BM, HD>{},
+                              make_coord(mb, 0));  // (BM, D)
+      tma_store_tile(params.tma_dq_add, sdQ, gdQ);
+    } else {
+      Tensor gdQ = local_tile(params.tma_dq.get_tma_tensor(dq_shape)(_, _, head, b), Shape<BM, HD>{},
+                              make_coord(mb, 0));  // (BM, D)
+      tma_store_tile(params.tma_dq, sdQ, gdQ);
+    }
     tma_store_arrive();
   }
 };

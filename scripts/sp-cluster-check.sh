@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# One device call for the single pass in clusters (docs/DESIGN.md, "Rows of up to 1024 keys: clusters"): builds the
+# tree (tests and benchmarks) and, beside it, the bench with every cluster size dispatched
+# (-DQKSOFTMAX_SM90_SP_MAX_CLUSTER=8); runs the cluster kernel tests, the four sanitizers on them (small shapes),
+# the step benchmark with its trace, the seed16 recompute suite causal (bf16, fp16) and unmasked (bf16) from both
+# builds, and the GPU tests (ctest) in what is left of the budget. At most 8 files come back from a device call:
+# the results files and one log archive go to $OUT.
+#
+#   scripts/sp-cluster-check.sh            (carry .deps; about 8 minutes on the H200's 16 cores)
+#   BUDGET_S=500 SKIP="ctest sanitize" scripts/sp-cluster-check.sh
+# shellcheck disable=SC2086
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+OUT=${OUT:-out/sp-cluster-check}
+BUDGET_S=${BUDGET_S:-540}
+SKIP=${SKIP:-}
+LOGS=$(mktemp -d)
+mkdir -p "$OUT"
+export QKSOFTMAX_REQUIRE_GPU=1
+start=$SECONDS
+left() { echo $((BUDGET_S - (SECONDS - start))); }
+skipped() { [[ " $SKIP " == *" $1 "* ]]; }
+# name, limit in seconds, command...: runs within the limit and what is left of the budget, logs to $LOGS/name.log
+stage() {
+  local name=$1 limit=$2 t=$SECONDS rc
+  shift 2
+  local l
+  l=$(left)
+  [ "$l" -lt "$limit" ] && limit=$l
+  if [ "$limit" -lt 5 ]; then echo "== $name: skipped, the budget is spent"; return 1; fi
+  timeout -k 5 "$limit" "$@" > "$LOGS/$name.log" 2>&1
+  rc=$?
+  echo "== $name: rc $rc, $((SECONDS - t)) s"
+  return $rc
+}
+suite() {  # results file: its means and cases, one line per dtype
+  python3 - "$1" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for r in d["runs"]:
+    cases = " ".join(f"{c['B']}x{c['S']}:{c['us']:.1f}" for c in r["cases"])
+    print(f"{sys.argv[1].split('/')[-1]} {r['dtype']} mean {r['mean_us']:.1f} us {r['sol_pct']:.1f} % SOL  {cases}")
+EOF
+}
+
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
+stage configure 60 cmake -S . -B build/spc -G Ninja -DCMAKE_BUILD_TYPE=Release -DQKSOFTMAX_BUILD_TESTS=ON \
+  -DQKSOFTMAX_BUILD_BENCH=ON -DQKSOFTMAX_BUILD_PYTHON=OFF
+stage configure-c8 60 cmake -S . -B build/spc8 -G Ninja -DCMAKE_BUILD_TYPE=Release -DQKSOFTMAX_BUILD_TESTS=OFF \
+  -DQKSOFTMAX_BUILD_BENCH=ON -DQKSOFTMAX_BUILD_PYTHON=OFF -DCMAKE_CUDA_FLAGS=-DQKSOFTMAX_SM90_SP_MAX_CLUSTER=8
+stage build-c8 300 cmake --build build/spc8 -j 6 --target qksoftmax-bench &
+stage build 300 cmake --build build/spc -j 12 --target qksoftmax_tests qksoftmax_kernel_tests qksoftmax-step \
+  qksoftmax-bench
+wait
+grep -hE "error|C7518|spill" "$LOGS"/build*.log | grep -v "0 bytes spill" | grep -v bwd_kernel | head -5
+kernel_tests=build/spc/tests/cpp/qksoftmax_kernel_tests
+stage cluster-tests 60 $kernel_tests --gtest_filter='*GpuSpCluster*' --gtest_brief=1 &&
+  grep -E "PASSED|FAILED" "$LOGS/cluster-tests.log"
+stage step 90 build/spc/bench/qksoftmax-step --trace "$OUT/h200-step.json"
+grep -E "^kb single_pass" "$LOGS/step.log"
+for mask in causal nomask; do
+  flag=; [ $mask = nomask ] && flag=--no-mask
+  dtypes=bf16,fp16; [ $mask = nomask ] && dtypes=bf16
+  stage "seed16-$mask" 60 build/spc/bench/qksoftmax-bench --suite seed16 --mode recompute --dtype $dtypes \
+    --impl qksoftmax $flag --json "$OUT/h200-seed16-$mask.json" && suite "$OUT/h200-seed16-$mask.json"
+  stage "seed16-$mask-c8" 60 build/spc8/bench/qksoftmax-bench --suite seed16 --mode recompute --dtype bf16 \
+    --impl qksoftmax $flag --json "$OUT/h200-seed16-$mask-c8.json" && suite "$OUT/h200-seed16-$mask-c8.json"
+done
+if ! skipped sanitize; then
+  for tool in memcheck racecheck synccheck initcheck; do
+    stage "sanitize-$tool" 200 env QKSOFTMAX_TEST_SHAPES=small compute-sanitizer --tool $tool --error-exitcode 1 \
+      $kernel_tests --gtest_filter='*GpuSpCluster*' &
+  done
+  wait
+  for tool in memcheck racecheck synccheck initcheck; do
+    echo "$tool: $(grep -hE 'ERROR SUMMARY|PASSED|FAILED' "$LOGS/sanitize-$tool.log" | tr '\n' ' ')"
+  done
+fi
+if ! skipped ctest; then
+  stage ctest 300 ctest --test-dir build/spc -j 14 --timeout 100 -E 'IndexingPast2To31|api_fuzz_cpu|stress_cpu'
+  grep -E "tests passed|tests failed|\*\*\*Failed|Timeout" "$LOGS/ctest.log" | head -12
+fi
+tar -czf "$OUT/logs.tar.gz" -C "$LOGS" .

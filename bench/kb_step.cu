@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <iterator>
 #include <string>
+#include <utility>
 
 #include "cuda/sm90/kb_launch.cuh"
 #include "cuda/sm90/sp_launch.cuh"
@@ -209,11 +210,16 @@ Result run_case(const MicroRun& micro, const KbStepShape& s, const KbBuffers& b,
 // rows, which only a timing may do. dP ~ N(0, 1), so that dS is not zero.
 constexpr int64_t kSpKeys = 128;
 // As dispatched (with a dK warpgroup), with dK held by the consumers (sp_pp_config.h's kDkWarpgroup = false), and
-// in clusters of two (rows of 256 keys, each CTA 128 of them: the same steps per CTA, each block's statistics
-// exchanged; dQ added into rows that nobody clears, which only a timing may do).
+// in clusters of 2, 4 and 8 (rows of 256, 512, 1024 keys, each CTA 128 of them: the same steps per CTA, each
+// block's statistics exchanged with every other CTA of the cluster; dQ added into rows that nobody clears, which
+// only a timing may do). Clusters of 4 and 8 are timed without a trace (their traced builds would double the
+// bench's compile for a breakdown that the cluster of two gives).
 using Sp = qksoftmax::cuda::sm90::SpPpConfig<Element, int(kKbHeadDim)>;
 using Sp3 = qksoftmax::cuda::sm90::SpPpConfig<Element, int(kKbHeadDim), false>;
 using Sp2 = qksoftmax::cuda::sm90::SpPpConfig<Element, int(kKbHeadDim), true, 2>;
+using Sp4 = qksoftmax::cuda::sm90::SpPpConfig<Element, int(kKbHeadDim), true, 4>;
+using Sp8 = qksoftmax::cuda::sm90::SpPpConfig<Element, int(kKbHeadDim), true, 8>;
+constexpr int kSpTracedMaxCluster = 2;
 template <class Cfg>
 struct TracedSp : Cfg {
   using Trace = PhaseTrace;
@@ -226,7 +232,7 @@ using qksoftmax::cuda::sm90::PpDkTracePhase;
 constexpr const char* kSpDkPhases[] = {"dS wait", "product", "tile end"};
 static_assert(int(std::size(kSpDkPhases)) == int(PpDkTracePhase::kCount), "a name per phase");
 static_assert(Sp::kMaxSk == kSpKeys && Sp::kBlockM == kKbBlockM, "the single pass's block is the key-block step");
-static_assert(Sp2::kMaxSk == Sp2::kCluster * kSpKeys, "a cluster's CTA holds kSpKeys keys");
+static_assert(Sp2::kMaxSk == Sp2::kCluster * kSpKeys && Sp8::kMaxSk == kKbKeys, "a cluster's CTA holds kSpKeys keys");
 
 template <class Cfg>
 Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool trace, KbStepResult* out) {
@@ -268,7 +274,9 @@ Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool trace, KbSt
   }, &us));
   const double total_steps = double(s.ctas) * double(s.steps_per_cta);
   const double active_sms = double(std::min<int64_t>(s.ctas, micro.info.sms));
-  out->mode = Cfg::kCluster > 1 ? "single_pass_c2" : Cfg::kDkWarpgroup ? "single_pass" : "single_pass_3wg";
+  out->mode = Cfg::kCluster > 1 ? "single_pass_c" + std::to_string(Cfg::kCluster)
+              : Cfg::kDkWarpgroup ? "single_pass"
+                                  : "single_pass_3wg";
   out->dq = "bf16";
   out->products = kProductsRecompute;
   out->bytes = int64_t(q.bytes() + dq.bytes() + dp.bytes() + k.bytes() + dk.bytes());
@@ -276,7 +284,9 @@ Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool trace, KbSt
   out->step_us = us * active_sms / total_steps;
   const double flops = double(out->products) * kFlopsPerMac * kKbBlockM * kSpKeys * kKbHeadDim * total_steps;
   out->tensor_share = flops / (us * kMicro) / (micro.ceilings.bf16_TFLOPs * kTera);
-  if (trace) {
+  if constexpr (Cfg::kCluster > kSpTracedMaxCluster) {
+    return {};
+  } else if (trace) {
     std::printf("kb %s: %.3f us per step\n", out->mode.c_str(), out->step_us);
     QKB_TRY(clear_trace(stream));
     QKB_TRY(library_result(qksoftmax::cuda::run_sm90_single_pass<TracedSp<Cfg>>(prob, stream, false),
@@ -319,14 +329,19 @@ Result run_kb_steps(const MicroRun& micro, bool trace, KbStepShape* shape, std::
       results->push_back(r);
     }
   }
-  for (int form = 0; form < 3; ++form) {  // as dispatched, three warpgroups, in clusters of two
+  // As dispatched, three warpgroups, in clusters of 2, 4 and 8.
+  using SpCase = Result (*)(const MicroRun&, const KbStepShape&, bool, KbStepResult*);
+  constexpr std::pair<SpCase, int64_t> kSpForms[] = {{&run_sp_case<Sp>, Sp::kMaxSk},
+                                                     {&run_sp_case<Sp3>, Sp3::kMaxSk},
+                                                     {&run_sp_case<Sp2>, Sp2::kMaxSk},
+                                                     {&run_sp_case<Sp4>, Sp4::kMaxSk},
+                                                     {&run_sp_case<Sp8>, Sp8::kMaxSk}};
+  for (const auto& [run_form, keys] : kSpForms) {
     KbStepResult r;
-    QKB_TRY(form == 0   ? run_sp_case<Sp>(micro, s, trace, &r)
-            : form == 1 ? run_sp_case<Sp3>(micro, s, trace, &r)
-                        : run_sp_case<Sp2>(micro, s, trace, &r));
+    QKB_TRY(run_form(micro, s, trace, &r));
     std::printf("kb %-10s %-4s %9.1f %12.3f %8d %6.1f%% %8.1f   (rows of %lld keys, pingpong)\n",
                 r.mode.c_str(), r.dq.c_str(), r.us, r.step_us, r.products, 100.0 * r.tensor_share,
-                double(r.bytes) / kBytesPerMiB, (long long)(form == 2 ? Sp2::kMaxSk : kSpKeys));
+                double(r.bytes) / kBytesPerMiB, (long long)keys);
     results->push_back(r);
   }
   return {};

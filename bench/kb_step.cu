@@ -192,7 +192,7 @@ Result run_case(const MicroRun& micro, const KbStepShape& s, const KbBuffers& b,
   out->products = saved_p ? kProductsSavedP : kProductsRecompute;
   out->bytes = kb_step_shape(micro.info.sms, saved_p, dq_element_bytes).bytes;
   out->us = us;
-  out->step_us = us * active_sms / total_steps;
+  out->step_us = us / double(out->rounds * s.steps_per_cta);
   const double flops = double(out->products) * kFlopsPerMac * kKbBlockM * kKbBlockN * kKbHeadDim * total_steps;
   out->tensor_share = flops / (us * kMicro) / (micro.ceilings.bf16_TFLOPs * kTera);
   if (trace) {
@@ -273,7 +273,14 @@ Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool trace, KbSt
     return library_result(qksoftmax::cuda::run_sm90_single_pass<Cfg>(prob, stream, false), "single pass");
   }, &us));
   const double total_steps = double(s.ctas) * double(s.steps_per_cta);
-  const double active_sms = double(std::min<int64_t>(s.ctas, micro.info.sms));
+  // The heads a cluster runs one after the other (the grid is the clusters resident at once, at most one per
+  // head): a CTA's steps in the launch are that many heads' steps.
+  int64_t resident = std::min<int64_t>(key_heads, micro.info.sms / Cfg::kCluster);
+  if constexpr (Cfg::kCluster > 1) {
+    resident = qksoftmax::cuda::sm90_single_pass_resident_clusters<Cfg>();
+    if (resident <= 0) return Result("no cluster of " + std::to_string(Cfg::kCluster) + " CTAs fits the device");
+  }
+  out->rounds = (key_heads + resident - 1) / resident;
   out->mode = Cfg::kCluster > 1 ? "single_pass_c" + std::to_string(Cfg::kCluster)
               : Cfg::kDkWarpgroup ? "single_pass"
                                   : "single_pass_3wg";
@@ -281,7 +288,7 @@ Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool trace, KbSt
   out->products = kProductsRecompute;
   out->bytes = int64_t(q.bytes() + dq.bytes() + dp.bytes() + k.bytes() + dk.bytes());
   out->us = us;
-  out->step_us = us * active_sms / total_steps;
+  out->step_us = us / double(out->rounds * s.steps_per_cta);
   const double flops = double(out->products) * kFlopsPerMac * kKbBlockM * kSpKeys * kKbHeadDim * total_steps;
   out->tensor_share = flops / (us * kMicro) / (micro.ceilings.bf16_TFLOPs * kTera);
   if constexpr (Cfg::kCluster > kSpTracedMaxCluster) {
@@ -339,9 +346,9 @@ Result run_kb_steps(const MicroRun& micro, bool trace, KbStepShape* shape, std::
   for (const auto& [run_form, keys] : kSpForms) {
     KbStepResult r;
     QKB_TRY(run_form(micro, s, trace, &r));
-    std::printf("kb %-10s %-4s %9.1f %12.3f %8d %6.1f%% %8.1f   (rows of %lld keys, pingpong)\n",
+    std::printf("kb %-10s %-4s %9.1f %12.3f %8d %6.1f%% %8.1f   (rows of %lld keys, pingpong; %lld round%s)\n",
                 r.mode.c_str(), r.dq.c_str(), r.us, r.step_us, r.products, 100.0 * r.tensor_share,
-                double(r.bytes) / kBytesPerMiB, (long long)keys);
+                double(r.bytes) / kBytesPerMiB, (long long)keys, (long long)r.rounds, r.rounds == 1 ? "" : "s");
     results->push_back(r);
   }
   return {};
@@ -355,8 +362,9 @@ void write_kb_json(std::FILE* f, const KbStepShape& s, const std::vector<KbStepR
   write_json_list(f, "key_block", results.size(), [&](std::FILE* out, size_t i) {
     const KbStepResult& r = results[i];
     std::fprintf(out, "{\"mode\": \"%s\", \"dq\": \"%s\", \"launch_us\": %.2f, \"step_us\": %.4f, \"products\": %d, "
-                 "\"tensor_share\": %.4f, \"bytes\": %lld}",
-                 r.mode.c_str(), r.dq.c_str(), r.us, r.step_us, r.products, r.tensor_share, (long long)r.bytes);
+                 "\"tensor_share\": %.4f, \"bytes\": %lld, \"rounds\": %lld}",
+                 r.mode.c_str(), r.dq.c_str(), r.us, r.step_us, r.products, r.tensor_share, (long long)r.bytes,
+                 (long long)r.rounds);
   });
 }
 

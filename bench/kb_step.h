@@ -79,10 +79,12 @@ struct KbStepResult {
   double us = 0;            // one launch
   double step_us = 0;       // per 64 × 128 step and SM
   double tensor_share = 0;  // the step's products at the measured bf16 GEMM rate, over step_us
+  int64_t rounds = 1;       // the single pass in clusters: heads a cluster runs one after another (step_us per CTA step)
 };
 
 // Runs and prints the four cases (mode × dQ target) and the pingpong single pass's step (rows of 128 keys, each
-// consumer warpgroup every other row block); with `trace`, each case's phase trace too (phase_trace.cuh).
+// consumer warpgroup every other row block; in clusters of 2, 4 and 8, rows of 256, 512, 1024 keys); with `trace`,
+// each case's phase trace too (phase_trace.cuh; of the single pass, up to clusters of 2).
 Result run_kb_steps(const MicroRun& micro, bool trace, KbStepShape* shape, std::vector<KbStepResult>* results);
 
 // Writes `, "key_block_shape": {...}, "key_block": [...]` (write_json_list).

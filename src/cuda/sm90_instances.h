@@ -76,12 +76,17 @@ namespace sm90 {
 inline constexpr int64_t kSpBlockM = 64;  // rows per block of the pingpong single pass
 inline constexpr int64_t kSpBlockN = 128;  // keys per CTA of the pingpong single pass
 }  // namespace sm90
-// clear_dq: a cluster's CTAs add into dQ, which the call clears first (the step benchmark times the kernel alone).
+// clear_dq: a cluster's CTAs add the row blocks they share into dQ, whose rows of those blocks the call clears first
+// (the step benchmark times the kernel alone); the blocks that CTA 0 alone sees are stored.
 template <class SpCfg>
 Status run_sm90_single_pass(const Problem& prob, CUstream_st* stream, bool clear_dq = true);
+// Clusters of the pingpong single pass resident at once on the current device (0 on error).
+template <class SpCfg>
+int sm90_single_pass_resident_clusters();
 #define QKSOFTMAX_SM90_SP_CLUSTERS(X, T, HD) X(T, HD, 1) X(T, HD, 2) X(T, HD, 4) X(T, HD, 8)
-#define QKSOFTMAX_DECLARE_SM90_SP_CLUSTER(T, HD, C) \
-  extern template Status run_sm90_single_pass<sm90::SpPpConfig<T, HD, true, C>>(const Problem&, CUstream_st*, bool);
+#define QKSOFTMAX_DECLARE_SM90_SP_CLUSTER(T, HD, C)                                                                   \
+  extern template Status run_sm90_single_pass<sm90::SpPpConfig<T, HD, true, C>>(const Problem&, CUstream_st*, bool); \
+  extern template int sm90_single_pass_resident_clusters<sm90::SpPpConfig<T, HD, true, C>>();
 #define QKSOFTMAX_DECLARE_SM90_SP(T, HD) QKSOFTMAX_SM90_SP_CLUSTERS(QKSOFTMAX_DECLARE_SM90_SP_CLUSTER, T, HD)
 QKSOFTMAX_SM90_CONFIGS(QKSOFTMAX_DECLARE_SM90_SP)
 #undef QKSOFTMAX_DECLARE_SM90_SP

@@ -5,4 +5,5 @@
 
 namespace qksoftmax::cuda {
 template Status run_sm90_single_pass<sm90::SpPpConfig<cutlass::bfloat16_t, 128, true, 4>>(const Problem&, CUstream_st*, bool);
+template int sm90_single_pass_resident_clusters<sm90::SpPpConfig<cutlass::bfloat16_t, 128, true, 4>>();
 }  // namespace qksoftmax::cuda

@@ -92,4 +92,10 @@ Status run_sm90_single_pass(const Problem& prob, CUstream_st* stream, [[maybe_un
   }
 }
 
+template <class SpCfg>
+int sm90_single_pass_resident_clusters() {
+  Status status;
+  return resident_clusters<SpCfg>(sm90::sp_pp_kernel<SpCfg>, "sm90 single pass", SpCfg::kCluster, &status);
+}
+
 }  // namespace qksoftmax::cuda

@@ -41,7 +41,8 @@ struct SpPpConfig {
   static constexpr int kBlockN = 128;       // keys per CTA
   // CTAs per cluster: CTA r of a cluster holds keys [128 r, 128 r + 128) of the cluster's (batch, key head), and
   // the CTAs that hold keys of a row block exchange its rows' partial statistics (SpPpExchange); each adds its
-  // dQ partial into dQ (cleared before) by TMA. One CTA: no exchange, dQ stored.
+  // dQ partial of a shared block into dQ (cleared before) by TMA, CTA 0 stores those it alone sees
+  // (shared_block). One CTA: no exchange, dQ stored.
   static constexpr int kCluster = kCluster_;
   static_assert(kCluster == 1 || kCluster == 2 || kCluster == 4 || kCluster == 8,
                 "clusters of 1, 2, 4 or 8 CTAs (a portable cluster: rows of up to 1024 keys)");

@@ -56,7 +56,9 @@ struct SpDqStore {
     Tensor sdQ = make_tensor(make_smem_ptr(base + tile * cosize_v<typename Cfg::SmemLayoutdQ>),
                              typename Cfg::SmemLayoutdQ{});  // (BM, D)
     const auto dq_shape = make_shape(int32_t(prob.Sq), HD{}, int32_t(prob.Hq), int32_t(prob.B));
-    if (Cfg::shared_block(params.order, int(cute::block_rank_in_cluster()), mb)) {
+    bool shared = false;
+    if constexpr (Cfg::kCluster > 1) shared = Cfg::shared_block(params.order, int(cute::block_rank_in_cluster()), mb);
+    if (shared) {
       Tensor gdQ = local_tile(params.tma_dq_add.get_tma_tensor(dq_shape)(_, _, head, b), Shape<BM, HD>{},
                               make_coord(mb, 0));  // (BM, D)
       tma_store_tile(params.tma_dq_add, sdQ, gdQ);

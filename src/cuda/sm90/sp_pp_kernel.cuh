@@ -83,6 +83,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
     if (q_thread) SpPpProducer<Cfg>{params, st}.load_q(q_pipe);
     if (dp_thread) SpPpProducer<Cfg>{params, st}.load_dp(p_pipe);
+    __syncwarp();  // the load threads' warps whole again for the aligned cluster barrier
     finish();
   } else if (warpgroup < Cfg::kDkWarpgroupIndex) {
     cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegs>();

@@ -22,8 +22,8 @@ template <class Element_, int kHeadDim_, bool kSavedP_, bool kDirectDq_>
 struct KbConfig;
 template <class Element_, int kHeadDim_, bool kSavedP_>
 struct BwdConfig;
-// (dispatched with the dK warpgroup, in one CTA)
-template <class Element_, int kHeadDim_, bool kDkWarpgroup_ = true, int kCluster_ = 1>
+// (dispatched with the dK warpgroup, in one CTA, contiguous keys)
+template <class Element_, int kHeadDim_, bool kDkWarpgroup_ = true, int kCluster_ = 1, bool kChunked_ = false>
 struct SpPpConfig;
 template <class Element_, int kHeadDim_>
 struct ForwardConfig;

@@ -59,13 +59,21 @@ Status run_sm90_single_pass(const Problem& prob, CUstream_st* stream, [[maybe_un
       cute::make_shape(int32_t(prob.Sq), typename SpCfg::HD{}, int32_t(prob.Hq), int32_t(prob.B)),
       cute::make_stride(prob.dq.sr, cute::_1{}, prob.dq.sh, prob.dq.sb));
   constexpr int kCluster = SpCfg::kCluster;
-  typename SpCfg::Params params{prob, kb_loads<SpCfg>(prob),
+  typename SpCfg::Params params{prob,
+                                kb_loads<SpCfg, typename SpCfg::SmemLayoutKLoad, typename SpCfg::SmemLayoutPLoad>(prob),
                                 make_tma_copy(cute::SM90_TMA_STORE{}, dq, typename SpCfg::SmemLayoutdQ{}),
                                 typename SpCfg::TmaAddedQ{}, SpCfg::TileOrder::of(prob, head_bytes)};
   if constexpr (kCluster == 1) {
     const int64_t grid = std::min<int64_t>(tiles, int64_t(device->sm_count) * SpCfg::kCtasPerSm);
     return launch<SpCfg>(sm90::sp_pp_kernel<SpCfg>, kName, grid, params, stream);
   } else {
+    if constexpr (SpCfg::kChunked) {  // the tile order's key blocks are chunks: a head's tiles are its C pairs
+      if (!prob.keys().causal || params.order.key_blocks > 2 * kCluster) {
+        return {Code::kInternal, std::string(kName) + ": chunks of causal rows of at most " +
+                                     std::to_string(SpCfg::kMaxSk) + " keys"};
+      }
+      params.order.key_blocks = (params.order.key_blocks + 1) / 2;
+    }
     if (params.order.key_blocks != kCluster) {
       return {Code::kInternal, std::string(kName) + ": a cluster of " + std::to_string(kCluster) +
                                    " CTAs for rows of " + std::to_string(prob.Sk) + " keys"};

@@ -31,7 +31,37 @@ __device__ void release_slot(Ring& ring, const State& state) {
   ring.empty_barrier_[state.index()].arrive();
 }
 
-template <class Element_, int kHeadDim_, bool kDkWarpgroup_, int kCluster_>
+// The chunk schedule's walk of a head (SpPpConfig::kChunked; docs/DESIGN.md, "The chunk schedule"): the positions
+// of a head, its row blocks in the interleaved order ⌊T/2⌋, 0, ⌊T/2⌋ + 1, 1, … (T row blocks), each with the group's
+// query heads in turn, the same for every CTA of the cluster; at each, the chunks of 64 keys of the CTA of rank
+// `rank` that the row block sees: its early chunk `rank` from row block `rank` on, its late chunk 2C − 1 − rank
+// (where it holds keys) from that row block on (causal: row i sees keys up to i). Host and device.
+struct SpChunkWalk {
+  int row_blocks;  // T
+  int group;       // query heads per key head
+  int clusters;    // C: CTAs of the cluster
+  int chunks;      // of 64 keys with keys in them, ⌈Sk / 64⌉ ≤ 2C
+  int rank;
+
+  CUTE_HOST_DEVICE int positions() const { return row_blocks * group; }
+  CUTE_HOST_DEVICE int row_block(int k) const {
+    const int t = k / group, half = row_blocks / 2;
+    return t % 2 == 0 ? half + t / 2 : t / 2;
+  }
+  CUTE_HOST_DEVICE int head(int k) const { return k % group; }  // within the group
+  CUTE_HOST_DEVICE int early() const { return rank; }
+  CUTE_HOST_DEVICE int late() const { return 2 * clusters - 1 - rank; }
+  // The CTA's chunks that row block t sees: 0, 1 (the early one) or 2.
+  CUTE_HOST_DEVICE int seen(int t) const { return int(t >= early()) + int(t >= late() && late() < chunks); }
+  // The positions where the CTA sees a chunk: its blocks of the head.
+  CUTE_HOST_DEVICE int blocks() const {
+    int n = 0;
+    for (int t = 0; t < row_blocks; ++t) n += seen(t) > 0 ? group : 0;
+    return n;
+  }
+};
+
+template <class Element_, int kHeadDim_, bool kDkWarpgroup_, int kCluster_, bool kChunked_>
 struct SpPpConfig {
   using Element = Element_;
   static constexpr DType kDType = ElementTraits<Element>::kDType;
@@ -48,6 +78,15 @@ struct SpPpConfig {
                 "clusters of 1, 2, 4 or 8 CTAs (a portable cluster: rows of up to 1024 keys)");
   static constexpr int kPeers = kCluster - 1;  // the other CTAs of a cluster
   static constexpr int kMaxSk = kBlockN * kCluster;
+  // kChunked (causal rows, in clusters, with the dK warpgroup; docs/DESIGN.md, "The chunk schedule"): CTA r holds the
+  // 64-key chunks r (early: keys [64 r, +64), rows 0-63 of its K tile) and 2C − 1 − r (late: rows 64-127), so that
+  // every CTA has the same causal work; every CTA walks a head's positions in one order (SpChunkWalk), position G
+  // (counted over the CTA's tiles) consumer G mod 2's in every CTA, a position where the CTA sees no chunk a turn
+  // passed on. Full steps at every block (the late chunk masked where unseen).
+  static constexpr bool kChunked = kChunked_;
+  static_assert(!kChunked || (kDkWarpgroup_ && kCluster > 1), "chunks: in clusters, with the dK warpgroup");
+  static constexpr int kChunk = 64;  // keys
+  using CH = Int<kChunk>;
   static_assert(kBlockM == kSpBlockM, "dispatch.cu counts the single pass's steps by sm90_instances.h's kSpBlockM");
   static_assert(kBlockN == kSpBlockN, "dispatch.cu sizes the single pass's clusters by sm90_instances.h's kSpBlockN");
   static constexpr int kConsumers = 2;
@@ -104,9 +143,17 @@ struct SpPpConfig {
   static_assert(kHeadDim == kBlockN && cosize_v<SmemLayoutdQ> * kPStages == cosize_v<SmemLayoutP>,
                 "a dP slot holds a block's dQ");
 
+  // What one TMA load fills: a Q slot, the K tile, a dP slot; with chunks, half the K tile (a chunk's 64 rows) and
+  // half a dP slot (a chunk's 64 columns), views of the whole tiles' layouts.
+  using SmemLayoutKLoad = std::conditional_t<
+      kChunked, decltype(composition(SmemLayoutK{}, make_layout(Shape<CH, HD>{}, Stride<_1, BN>{}))), SmemLayoutK>;
+  using SmemLayoutPSlot = decltype(SmemLayoutP{}(_, _, 0));  // (rows, keys)
+  using SmemLayoutPLoad = std::conditional_t<
+      kChunked, decltype(composition(SmemLayoutPSlot{}, make_layout(Shape<BM, CH>{}, Stride<_1, BM>{}))),
+      SmemLayoutPSlot>;
   using TmaQ = TmaLoad<Element, HD, decltype(SmemLayoutQ{}(_, _, 0))>;
-  using TmaK = TmaLoad<Element, HD, SmemLayoutK>;
-  using TmaP = TmaLoad<Element, int32_t, decltype(SmemLayoutP{}(_, _, 0))>;
+  using TmaK = TmaLoad<Element, HD, SmemLayoutKLoad>;
+  using TmaP = TmaLoad<Element, int32_t, SmemLayoutPLoad>;
   struct Loads {  // (kb_loads; p unused: recompute)
     TmaQ q;
     TmaK k;
@@ -156,7 +203,8 @@ struct SpPpConfig {
   using QPipeline = cutlass::PipelineTmaAsync<kQStages>;
   using PPipeline = cutlass::PipelineTmaAsync<kPStages>;
   using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
-  using TileOrder = KbTileOrder<kBlockM, kBlockN>;
+  // With chunks, key block r of a head is CTA r's pair of chunks, first seen by row block r (key_blocks set to C).
+  using TileOrder = KbTileOrder<kBlockM, kChunked ? kChunk : kBlockN>;
   // The tile ring (KbTileWriter, KbTileReader): the load thread runs at most kQStages blocks ahead.
   static constexpr int kTileSlots = 8;
   using TilePipeline = cutlass::PipelineAsync<kTileSlots>;
@@ -170,9 +218,11 @@ struct SpPpConfig {
   static constexpr int kLoadWarp = 0;   // Q, K and the tiles
   static constexpr int kDpWarp = 1;     // dP
   // With a dK warpgroup the consumers give up dK's 64 registers and the dK warpgroup holds all 128 keys' (128).
-  static constexpr int kProducerRegs = 24;
+  // With chunks the load threads walk every position of a head (SpChunkWalk): 24 registers spilled there, 32 do not;
+  // the dK warpgroup gives up the 8.
+  static constexpr int kProducerRegs = kChunked ? 32 : 24;
   static constexpr int kConsumerRegs = kDkWarpgroup ? 160 : 240;
-  static constexpr int kDkRegs = 168;
+  static constexpr int kDkRegs = kChunked ? 160 : 168;
   static constexpr int kLaunchRegs = 64 * 1024 / kThreads / 8 * 8;
   static_assert(kWarpgroupThreads * (kProducerRegs + kConsumers * kConsumerRegs + (kDkWarpgroup ? kDkRegs : 0)) <=
                     kThreads * kLaunchRegs,
@@ -243,6 +293,11 @@ struct SpPpConfig {
   // every block of theirs (with CTA 0).
   CUTE_HOST_DEVICE static bool shared_block(const TileOrder& order, int nb, int mb) {
     return kCluster > 1 && (nb > 0 || mb >= order.first_row_block(1));
+  }
+
+  // With chunks, the walk of CTA `rank` (its key block of the tile order) over a head.
+  CUTE_HOST_DEVICE static SpChunkWalk walk(const Params& params, int rank) {
+    return {params.order.row_blocks, params.order.group, kCluster, int((params.prob.Sk + kChunk - 1) / kChunk), rank};
   }
 };
 

@@ -39,7 +39,9 @@ struct SpPpDkWarpgroup {
       const KbWork<Cfg> work(params.order, tile);
       mma_dk.accumulate_ = GMMA::ScaleOut::One;
       clear(tdKrdK);
-      for (int t = 0; t < work.steps; ++t, ++g) {
+      int blocks = work.steps;
+      if constexpr (Cfg::kChunked) blocks = Cfg::walk(params, work.nb).blocks();
+      for (int t = 0; t < blocks; ++t, ++g) {
         const int buf = Cfg::ds_buffer(g);
         cutlass::arch::ClusterBarrier::wait(&st.ds_full[buf], Cfg::ds_phase(g));
         const auto q_state = block_state<Cfg::kQStages>(g);
@@ -51,8 +53,19 @@ struct SpPpDkWarpgroup {
         release_slot(st.q_pipe, q_state);
         trace.mark(PpDkTracePhase::kProduct);
       }
-      kb_store_dk<Cfg, Cfg::kBlockN>(params, 0, tdKrdK, thr_dk.partition_C(make_identity_tensor(Shape<BN, HD>{})),
-                                     work);
+      const Tensor tdKcdK = thr_dk.partition_C(make_identity_tensor(Shape<BN, HD>{}));  // (MMA, 2, 1) → (key, d)
+      if constexpr (Cfg::kChunked) {
+        // The early chunk's keys are the tile's rows 0-63 (m-tile 0), the late chunk's rows 64-127 (m-tile 1):
+        // each stored to its own keys (the late one's key0 a chunk before its keys, as its rows start at 64).
+        const SpChunkWalk walk = Cfg::walk(params, work.nb);
+        KbWork<Cfg> early = work, late = work;
+        early.n0 = int64_t(walk.early()) * Cfg::kChunk;
+        late.n0 = int64_t(walk.late() - 1) * Cfg::kChunk;
+        kb_store_dk<Cfg, Cfg::kChunk>(params, 0, tdKrdK(_, 0, _), tdKcdK(_, 0, _), early);
+        kb_store_dk<Cfg, Cfg::kBlockN>(params, 0, tdKrdK(_, 1, _), tdKcdK(_, 1, _), late);
+      } else {
+        kb_store_dk<Cfg, Cfg::kBlockN>(params, 0, tdKrdK, tdKcdK, work);
+      }
       trace.mark(PpDkTracePhase::kTileEnd);
     }
   }

@@ -98,14 +98,189 @@ struct SpPpMainloop {
     };
 
     int g = 0;        // the CTA's blocks so far (both consumers')
+    int turns = 0;    // the turns so far (both consumers'): the blocks, and with chunks the positions passed on
     int k_loads = 0;  // tiles with blocks so far
+    FragS tSrS;       // (MMA, 1, 1) fp32: S of this consumer's next block
+    // S(j) from the tile's K (buffer k_use), Q(j) awaited.
+    const auto issue_s = [&](int j, const KBufferUse<Cfg>& k_use) {
+      const auto q_state = block_state<kQStages>(j);
+      q_pipe.consumer_wait(q_state);
+      warpgroup_mma<size<2>(decltype(tSsQ.layout()){}), true, false>(mma_s, tSsQ(_, _, _, q_state.index()),
+                                                                    tSsK(_, _, _, k_use.buffer), tSrS);
+    };
+    // This consumer's block j, row block `block`, of the tile's keys (the K tile's rows 0-63 from key n0, 64-127
+    // from key n1), S(j) issued; j_next: its next block of the tile, −1 where none; prev, last: the other consumer's
+    // block j − 1 is of the tile, block j is the tile's last.
+    const auto block_step = [&](int j, int j_next, int block, int64_t n0, int64_t n1, const KBufferUse<Cfg>& k_use,
+                                bool prev, bool last) __attribute__((always_inline)) {
+      const int64_t m0 = int64_t(block) * kBlockM;
+      const auto q_state = block_state<kQStages>(j);
+      const auto p_state = block_state<kPStages>(j);
+      const bool next = j_next >= 0;  // this consumer's next block, in this tile
+
+      // S(j) done (issued at the tile's start, or last in the previous turn); dP(j) read; the statistics.
+      p_pipe.consumer_wait(p_state);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrS);
+      if constexpr (kDkWarpgroup) release_slot(st.q_pipe, q_state);  // its S done (dK reads it in its warpgroup)
+      FragS16 tSrdP;  // (MMA, 1, 1)
+      load_matrices(dp_addr, uint32_t(p_state.index()) * kTileBytes,
+                    typename Cfg::CopydP{}.get_thread_slice(tid).retile_D(tSrdP));
+      trace.mark(PpTracePhase::kWaitS);
+      const bool cut = softmax.cut(m0, n0, n1);
+      float m[kRows], f[kRows], fd[kRows];  // (f, fd: l and u until the factors)
+      softmax.sums(tSrS, tSrdP, m0, n0, n1, cut, m, f, fd);
+      uint32_t peers = 0;  // (a lone CTA holds every key of its rows)
+      if constexpr (Cfg::kCluster > 1) peers = exchange.peers_of(block);
+      if (peers != 0) {
+        float2 mine[kRows];
+        CUTE_UNROLL
+        for (int ri = 0; ri < kRows; ++ri) mine[ri] = SpPpSoftmax<Cfg>::partial(m[ri], f[ri], fd[ri]);
+        float top[kRows], sum[kRows], d[kRows];
+        exchange.combine(peers, mine, rows, tid, top, sum, d);
+        softmax.factors_of(m, top, sum, d, f, fd);
+      } else {
+        softmax.factors(f, fd);
+      }
+      FragS16 tSrdS;  // (MMA, 1, 1)
+      softmax.ds(tSrS, tSrdP, cut, f, fd, tSrdS);
+      trace.mark(PpTracePhase::kSoftmax);
+      // dS(j)'s buffer: block j − 3's products (both consumers') done.
+      if (j >= Cfg::kDsBuffers) cutlass::arch::ClusterBarrier::wait(&st.ds_free[Cfg::ds_buffer(j)], Cfg::ds_phase(j - Cfg::kDsBuffers));
+      trace.mark(PpTracePhase::kDsFree);
+      store_matrices(ds_addr, uint32_t(Cfg::ds_buffer(j)) * kTileBytes,
+                     typename Cfg::CopydS{}.get_thread_slice(tid).retile_S(tSrdS));
+      cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
+      if constexpr (kDkWarpgroup) {
+        cutlass::arch::ClusterBarrier::arrive(&st.ds_full[Cfg::ds_buffer(j)]);  // (for the dK warpgroup)
+      } else if (last) {
+        cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTileDsBarrier);
+      }
+      trace.mark(PpTracePhase::kStoreDs);
+
+      // The turn (its own named barrier, opened by the other consumer's end of turn, after which its dS of block
+      // j − 1 is visible here), three batches back to back: dK over this consumer's keys of block j − 1 (the
+      // other's, where the tile has it) and of block j, dQ(j), S(j + 2) (where the tile has it); then the other
+      // consumer's turn opened. Then, as they complete: the Q slots handed back and dS(j − 1) announced read by
+      // this consumer; dS(j) announced read (its dK and dQ products done); dQ(j) staged in dP(j)'s slot (its dP
+      // in registers since the statistics, each warp its own rows) and the slot handed back to the dP load
+      // thread, which stores dQ(j) from it. S(j + 2) runs on into the other consumer's turn.
+      cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kTurnBarrier + w);
+      trace.mark(PpTracePhase::kTurnWait);
+      const auto q_prev = block_state<kQStages>(j - 1);
+      // (Compiled once per case, each with its own constant waits; inlined: a call would pass the fragments
+      // through the stack.)
+      const auto turn = [&](auto has_prev, auto has_next) __attribute__((always_inline)) {
+        constexpr bool kPrev = decltype(has_prev)::value, kNext = decltype(has_next)::value;
+        if constexpr (!kDkWarpgroup) {  // (with a dK warpgroup, dK is its own)
+          if constexpr (kPrev) q_pipe.consumer_wait(q_prev);  // (its owner awaited it; this consumer reads it too)
+          warpgroup_fence_operand(tdKrdK);
+          warpgroup_arrive();
+          if constexpr (kPrev) add_dk(Cfg::ds_buffer(j - 1), q_prev.index());
+          add_dk(Cfg::ds_buffer(j), q_state.index());
+          warpgroup_commit_batch();
+        }
+        FragdQ tdQrdQ;  // (MMA, 1, 1) fp32
+        warpgroup_mma<size<2>(decltype(tdQsdS.layout()){}), true, false>(mma_dq, tdQsdS(_, _, _, Cfg::ds_buffer(j)),
+                                                                         tdQsK(_, _, _, k_use.buffer), tdQrdQ);
+        if constexpr (kNext) {
+          const auto q_next = block_state<kQStages>(j_next);
+          q_pipe.consumer_wait(q_next);
+          warpgroup_mma<size<2>(decltype(tSsQ.layout()){}), true, false>(mma_s, tSsQ(_, _, _, q_next.index()),
+                                                                        tSsK(_, _, _, k_use.buffer), tSrS);
+        }
+        cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTurnBarrier + other);
+        trace.mark(PpTracePhase::kIssue);
+        constexpr int kAfterDq = kNext ? 1 : 0;  // batches issued after dQ's
+        if constexpr (!kDkWarpgroup) {
+          warpgroup_wait<kAfterDq + 1>();
+          warpgroup_fence_operand(tdKrdK);
+          if constexpr (kPrev) {
+            cutlass::arch::ClusterBarrier::arrive(&st.ds_free[Cfg::ds_buffer(j - 1)]);
+            release_slot(st.q_pipe, q_prev);
+          }
+          release_slot(st.q_pipe, q_state);
+        }
+        warpgroup_wait<kAfterDq>();
+        warpgroup_fence_operand(tdQrdQ);
+        cutlass::arch::ClusterBarrier::arrive(&st.ds_free[Cfg::ds_buffer(j)]);
+        trace.mark(PpTracePhase::kWaitProducts);
+        dq_out.stage(tdQrdQ, dq_addr, p_state.index(), tid);
+        release_slot(st.p_pipe, p_state);  // (the dP load thread stores dQ from the slot before loading it again)
+        trace.mark(PpTracePhase::kStoreDq);
+      };
+      if constexpr (kDkWarpgroup) {
+        if (next) {
+          turn(std::false_type{}, std::true_type{});
+        } else {
+          turn(std::false_type{}, std::false_type{});
+        }
+      } else if (prev) {
+        if (next) {
+          turn(std::true_type{}, std::true_type{});
+        } else {
+          turn(std::true_type{}, std::false_type{});
+        }
+      } else if (next) {
+        turn(std::false_type{}, std::true_type{});
+      } else {
+        turn(std::false_type{}, std::false_type{});
+      }
+    };
     // The turns run on across tiles: consumer 0 takes the CTA's first.
     if (w == 1) cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTurnBarrier + 0);
     KbTileReader<Cfg> tiles(params, st);
     for (KbTile tile; tiles.next(tile);) {
       const KbWork<Cfg> work(params.order, tile);
-      const int g0 = g, g_end = g + work.steps;
       const KBufferUse<Cfg> k_use(k_loads);
+      if constexpr (Cfg::kChunked) {
+        // The walk's positions, position k of the tile consumer (turns + k) mod 2's in every CTA of the cluster: a
+        // block where this CTA sees a chunk, a turn passed on where it sees none.
+        const SpChunkWalk walk = Cfg::walk(params, work.nb);
+        const int64_t n0 = int64_t(walk.early()) * Cfg::kChunk, n1 = int64_t(walk.late()) * Cfg::kChunk;
+        const int positions = walk.positions(), blocks = walk.blocks();
+        const auto mine = [&](int k) { return ((turns + k) & 1) == w; };
+        const auto seen = [&](int k) { return walk.seen(walk.row_block(k)) > 0; };
+        // This consumer's next block after position k (blocks numbered from j at position k + 1), −1 where the tile
+        // has none.
+        const auto next_block = [&](int k, int j) {
+          for (++k; k < positions; ++k) {
+            if (!seen(k)) continue;
+            if (mine(k)) return j;
+            ++j;
+          }
+          return -1;
+        };
+        if (blocks > 0) {
+          ++k_loads;
+          Cfg::TxBarrier::wait(&st.k_full[k_use.buffer], k_use.phase);
+          const int j_first = next_block(-1, g);
+          if (j_first >= 0) issue_s(j_first, k_use);
+        }
+        trace.mark(PpTracePhase::kTileStart);
+        int j = g;  // the block of position k, where it is one
+#pragma unroll 1
+        for (int k = 0; k < positions; ++k) {
+          if (!mine(k)) {
+            j += seen(k) ? 1 : 0;
+            continue;
+          }
+          if (seen(k)) {
+            block_step(j, next_block(k, j + 1), walk.row_block(k), n0, n1, k_use, false, false);
+            ++j;
+          } else {  // the turn passed on
+            cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kTurnBarrier + w);
+            cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTurnBarrier + other);
+          }
+        }
+        g += blocks;
+        turns += positions;
+        // K is read no more by this consumer (its last S and dQ products are done).
+        if (blocks > 0) cutlass::arch::ClusterBarrier::arrive(&st.k_empty[k_use.buffer]);
+        trace.mark(PpTracePhase::kTileEnd);
+        continue;
+      }
+      const int g0 = g, g_end = g + work.steps;
       if constexpr (!kDkWarpgroup) {
         mma_dk.accumulate_ = GMMA::ScaleOut::One;
         clear(tdKrdK);
@@ -114,139 +289,21 @@ struct SpPpMainloop {
       StepCursor at = work.first();
       int j = g0 + ((g0 ^ w) & 1);
       if (j > g0) work.advance(at);
-      FragS tSrS;  // (MMA, 1, 1) fp32: S of this consumer's next block
       if (work.steps > 0) {
         ++k_loads;
         Cfg::TxBarrier::wait(&st.k_full[k_use.buffer], k_use.phase);
-        if (j < g_end) {
-          const auto q_state = block_state<kQStages>(j);
-          q_pipe.consumer_wait(q_state);
-          warpgroup_mma<size<2>(decltype(tSsQ.layout()){}), true, false>(mma_s, tSsQ(_, _, _, q_state.index()),
-                                                                        tSsK(_, _, _, k_use.buffer), tSrS);
-        }
+        if (j < g_end) issue_s(j, k_use);
       }
       trace.mark(PpTracePhase::kTileStart);
       for (; j < g_end; j += 2) {
         const int block = at.block;
-        const int64_t m0 = int64_t(block) * kBlockM;
         work.advance(at);
         work.advance(at);  // (at: this consumer's next block)
-        const auto q_state = block_state<kQStages>(j);
-        const auto p_state = block_state<kPStages>(j);
-        const bool prev = j > g0;          // the other consumer's block j − 1, in this tile
-        const bool next = j + 2 < g_end;   // this consumer's next block, in this tile
-        const bool last = j + 1 == g_end;  // the tile's last block (the other consumer adds its dK after)
-
-        // S(j) done (issued at the tile's start, or last in the previous turn); dP(j) read; the statistics.
-        p_pipe.consumer_wait(p_state);
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tSrS);
-        if constexpr (kDkWarpgroup) release_slot(st.q_pipe, q_state);  // its S done (dK reads it in its warpgroup)
-        FragS16 tSrdP;  // (MMA, 1, 1)
-        load_matrices(dp_addr, uint32_t(p_state.index()) * kTileBytes,
-                      typename Cfg::CopydP{}.get_thread_slice(tid).retile_D(tSrdP));
-        trace.mark(PpTracePhase::kWaitS);
-        const bool cut = softmax.cut(m0, work.n0);
-        float m[kRows], f[kRows], fd[kRows];  // (f, fd: l and u until the factors)
-        softmax.sums(tSrS, tSrdP, m0, work.n0, cut, m, f, fd);
-        uint32_t peers = 0;  // (a lone CTA holds every key of its rows)
-        if constexpr (Cfg::kCluster > 1) peers = exchange.peers_of(block);
-        if (peers != 0) {
-          float2 mine[kRows];
-          CUTE_UNROLL
-          for (int ri = 0; ri < kRows; ++ri) mine[ri] = SpPpSoftmax<Cfg>::partial(m[ri], f[ri], fd[ri]);
-          float top[kRows], sum[kRows], d[kRows];
-          exchange.combine(peers, mine, rows, tid, top, sum, d);
-          softmax.factors_of(m, top, sum, d, f, fd);
-        } else {
-          softmax.factors(f, fd);
-        }
-        FragS16 tSrdS;  // (MMA, 1, 1)
-        softmax.ds(tSrS, tSrdP, cut, f, fd, tSrdS);
-        trace.mark(PpTracePhase::kSoftmax);
-        // dS(j)'s buffer: block j − 3's products (both consumers') done.
-        if (j >= Cfg::kDsBuffers) cutlass::arch::ClusterBarrier::wait(&st.ds_free[Cfg::ds_buffer(j)], Cfg::ds_phase(j - Cfg::kDsBuffers));
-        trace.mark(PpTracePhase::kDsFree);
-        store_matrices(ds_addr, uint32_t(Cfg::ds_buffer(j)) * kTileBytes,
-                       typename Cfg::CopydS{}.get_thread_slice(tid).retile_S(tSrdS));
-        cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
-        if constexpr (kDkWarpgroup) {
-          cutlass::arch::ClusterBarrier::arrive(&st.ds_full[Cfg::ds_buffer(j)]);  // (for the dK warpgroup)
-        } else if (last) {
-          cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTileDsBarrier);
-        }
-        trace.mark(PpTracePhase::kStoreDs);
-
-        // The turn (its own named barrier, opened by the other consumer's end of turn, after which its dS of block
-        // j − 1 is visible here), three batches back to back: dK over this consumer's keys of block j − 1 (the
-        // other's, where the tile has it) and of block j, dQ(j), S(j + 2) (where the tile has it); then the other
-        // consumer's turn opened. Then, as they complete: the Q slots handed back and dS(j − 1) announced read by
-        // this consumer; dS(j) announced read (its dK and dQ products done); dQ(j) staged in dP(j)'s slot (its dP
-        // in registers since the statistics, each warp its own rows) and the slot handed back to the dP load
-        // thread, which stores dQ(j) from it. S(j + 2) runs on into the other consumer's turn.
-        cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kTurnBarrier + w);
-        trace.mark(PpTracePhase::kTurnWait);
-        const auto q_prev = block_state<kQStages>(j - 1);
-        // (Compiled once per case, each with its own constant waits; inlined: a call would pass the fragments
-        // through the stack.)
-        const auto turn = [&](auto has_prev, auto has_next) __attribute__((always_inline)) {
-          constexpr bool kPrev = decltype(has_prev)::value, kNext = decltype(has_next)::value;
-          if constexpr (!kDkWarpgroup) {  // (with a dK warpgroup, dK is its own)
-            if constexpr (kPrev) q_pipe.consumer_wait(q_prev);  // (its owner awaited it; this consumer reads it too)
-            warpgroup_fence_operand(tdKrdK);
-            warpgroup_arrive();
-            if constexpr (kPrev) add_dk(Cfg::ds_buffer(j - 1), q_prev.index());
-            add_dk(Cfg::ds_buffer(j), q_state.index());
-            warpgroup_commit_batch();
-          }
-          FragdQ tdQrdQ;  // (MMA, 1, 1) fp32
-          warpgroup_mma<size<2>(decltype(tdQsdS.layout()){}), true, false>(mma_dq, tdQsdS(_, _, _, Cfg::ds_buffer(j)),
-                                                                           tdQsK(_, _, _, k_use.buffer), tdQrdQ);
-          if constexpr (kNext) {
-            const auto q_next = block_state<kQStages>(j + 2);
-            q_pipe.consumer_wait(q_next);
-            warpgroup_mma<size<2>(decltype(tSsQ.layout()){}), true, false>(mma_s, tSsQ(_, _, _, q_next.index()),
-                                                                          tSsK(_, _, _, k_use.buffer), tSrS);
-          }
-          cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTurnBarrier + other);
-          trace.mark(PpTracePhase::kIssue);
-          constexpr int kAfterDq = kNext ? 1 : 0;  // batches issued after dQ's
-          if constexpr (!kDkWarpgroup) {
-            warpgroup_wait<kAfterDq + 1>();
-            warpgroup_fence_operand(tdKrdK);
-            if constexpr (kPrev) {
-              cutlass::arch::ClusterBarrier::arrive(&st.ds_free[Cfg::ds_buffer(j - 1)]);
-              release_slot(st.q_pipe, q_prev);
-            }
-            release_slot(st.q_pipe, q_state);
-          }
-          warpgroup_wait<kAfterDq>();
-          warpgroup_fence_operand(tdQrdQ);
-          cutlass::arch::ClusterBarrier::arrive(&st.ds_free[Cfg::ds_buffer(j)]);
-          trace.mark(PpTracePhase::kWaitProducts);
-          dq_out.stage(tdQrdQ, dq_addr, p_state.index(), tid);
-          release_slot(st.p_pipe, p_state);  // (the dP load thread stores dQ from the slot before loading it again)
-          trace.mark(PpTracePhase::kStoreDq);
-        };
-        if constexpr (kDkWarpgroup) {
-          if (next) {
-            turn(std::false_type{}, std::true_type{});
-          } else {
-            turn(std::false_type{}, std::false_type{});
-          }
-        } else if (prev) {
-          if (next) {
-            turn(std::true_type{}, std::true_type{});
-          } else {
-            turn(std::true_type{}, std::false_type{});
-          }
-        } else if (next) {
-          turn(std::false_type{}, std::true_type{});
-        } else {
-          turn(std::false_type{}, std::false_type{});
-        }
+        block_step(j, j + 2 < g_end ? j + 2 : -1, block, work.n0, work.n0 + Cfg::kChunk, k_use, j > g0,
+                   j + 1 == g_end);
       }
       g = g_end;
+      turns = g;
       if (work.steps > 0) {
         // K is read no more by this consumer (its last S and dQ products are done).
         cutlass::arch::ClusterBarrier::arrive(&st.k_empty[k_use.buffer]);
@@ -271,7 +328,7 @@ struct SpPpMainloop {
       trace.mark(PpTracePhase::kTileEnd);
     }
     // The last turn opened one that nobody takes: its owner passes it, so that no barrier keeps arrivals.
-    if ((g & 1) == w) cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kTurnBarrier + w);
+    if ((turns & 1) == w) cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kTurnBarrier + w);
   }
 };
 

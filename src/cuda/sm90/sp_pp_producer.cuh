@@ -15,6 +15,28 @@
 
 namespace qksoftmax::cuda::sm90 {
 
+// With chunks (SpPpConfig::kChunked): K of a tile, its early and late chunks into the rows 0-63 and 64-127 of the K
+// buffer of its turn, once that buffer's last readers are done (as kb_load_k). A late chunk past Sk is loaded as
+// TMA's zeros.
+template <class Cfg, class GlobalK, class SharedK>
+__device__ void sp_load_k_chunks(const typename Cfg::Params& params, typename Cfg::Storage& st,
+                                 const KbWork<Cfg>& work, const SpChunkWalk& walk, const GlobalK& mK, SharedK& sK,
+                                 int& k_loads) {
+  using CH = typename Cfg::CH;
+  using HD = typename Cfg::HD;
+  const KBufferUse<Cfg> use(k_loads);
+  if (k_loads >= Cfg::kKBuffers) cutlass::arch::ClusterBarrier::wait(&st.k_empty[use.buffer], use.phase ^ 1);
+  ++k_loads;
+  Cfg::TxBarrier::arrive_and_expect_tx(&st.k_full[use.buffer], Cfg::kKBytes);
+  const int chunk[2] = {walk.early(), walk.late()};
+  CUTE_UNROLL
+  for (int half = 0; half < 2; ++half) {
+    Tensor gK = local_tile(mK(_, _, work.kv_head, work.b), Shape<CH, HD>{}, make_coord(chunk[half], 0));  // (CH, D)
+    Tensor sKh = local_tile(sK(_, _, use.buffer), Shape<CH, HD>{}, make_coord(half, 0));               // (CH, D)
+    tma_load_tile(params.tma.k, st.k_full[use.buffer], gK, sKh);
+  }
+}
+
 template <class Cfg>
 struct SpPpProducer {
   using BM = typename Cfg::BM;
@@ -39,6 +61,23 @@ struct SpPpProducer {
     for (int index = tiles.first(); tiles.publish(index);) {
       const KbWork<Cfg> work(params.order, params.order.tile(index));
       index = tiles.claim(index);
+      if constexpr (Cfg::kChunked) {  // the walk's positions where the CTA sees a chunk
+        const SpChunkWalk walk = Cfg::walk(params, work.nb);
+        bool k_loaded = false;
+#pragma unroll 1
+        for (int k = 0; k < walk.positions(); ++k) {
+          const int t = walk.row_block(k);
+          if (walk.seen(t) == 0) continue;
+          q_pipe.producer_acquire(state);
+          Tensor gQ = local_tile(mQ(_, _, work.kv_head * work.group + walk.head(k), work.b), Shape<BM, HD>{},
+                                 make_coord(t, 0));  // (BM, D)
+          tma_load_tile(tma.q, *q_pipe.producer_get_barrier(state), gQ, sQ(_, _, state.index()));
+          if (!k_loaded) sp_load_k_chunks<Cfg>(params, st, work, walk, mK, sK, k_loads);
+          k_loaded = true;
+          ++state;
+        }
+        continue;
+      }
       StepCursor at = work.first();
 #pragma unroll 1
       for (int t = 0; t < work.steps; ++t, ++state) {
@@ -74,6 +113,29 @@ struct SpPpProducer {
     KbTileReader<Cfg> tiles(params, st);
     for (KbTile tile; tiles.next(tile);) {
       const KbWork<Cfg> work(params.order, tile);
+      if constexpr (Cfg::kChunked) {  // dP of the CTA's chunks, each half of the slot from its chunk's columns
+        using CH = typename Cfg::CH;
+        const SpChunkWalk walk = Cfg::walk(params, work.nb);
+        const int chunk[2] = {walk.early(), walk.late()};
+#pragma unroll 1
+        for (int k = 0; k < walk.positions(); ++k) {
+          const int t = walk.row_block(k);
+          if (walk.seen(t) == 0) continue;
+          const int64_t h = work.kv_head * work.group + walk.head(k);
+          p_pipe.producer_acquire(state);
+          store_previous(state);
+          int32_t* block = st.dq_block[state.index()];
+          block[0] = int32_t(work.b), block[1] = int32_t(h), block[2] = t;
+          CUTE_UNROLL
+          for (int half = 0; half < 2; ++half) {
+            Tensor gdP = local_tile(mdP(_, _, h, work.b), Shape<BM, CH>{}, make_coord(t, chunk[half]));  // (BM, CH)
+            Tensor sdPh = local_tile(sdP(_, _, state.index()), Shape<BM, CH>{}, make_coord(0, half));  // (BM, CH)
+            tma_load_tile(tma.dp, *p_pipe.producer_get_barrier(state), gdP, sdPh);
+          }
+          ++state;
+        }
+        continue;
+      }
       StepCursor at = work.first();
 #pragma unroll 1
       for (int t = 0; t < work.steps; ++t, ++state) {

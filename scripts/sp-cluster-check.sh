@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call for the single pass in clusters (docs/DESIGN.md, "Rows of up to 1024 keys: clusters"): builds the
 # tree (tests and benchmarks) and, beside it, the bench with every cluster size dispatched
-# (-DQKSOFTMAX_SM90_SP_MAX_CLUSTER=8); runs the cluster kernel tests, the four sanitizers on them (small shapes),
+# (-DQKSOFTMAX_SM90_SP_MAX_CLUSTER=8); runs the cluster kernel tests (contiguous keys, then the chunk schedule),
+# the four sanitizers on them (small shapes),
 # the step benchmark with its trace, the seed16 recompute suite causal (bf16, fp16) and unmasked (bf16) from both
 # builds, and the GPU tests (ctest) in what is left of the budget. At most 8 files come back from a device call:
 # the results files and one log archive go to $OUT.
@@ -54,8 +55,13 @@ stage build 300 cmake --build build/spc -j 12 --target qksoftmax_tests qksoftmax
 wait
 grep -hE "error|C7518|spill" "$LOGS"/build*.log | grep -v "0 bytes spill" | grep -v bwd_kernel | head -5
 kernel_tests=build/spc/tests/cpp/qksoftmax_kernel_tests
-stage cluster-tests 60 $kernel_tests --gtest_filter='*GpuSpCluster*' --gtest_brief=1 &&
+# The contiguous clusters first, then the chunk schedule (a hang in one leaves the other's verdict).
+stage cluster-tests 45 $kernel_tests --gtest_filter='*GpuSpCluster*' --gtest_brief=1 &&
   grep -E "PASSED|FAILED" "$LOGS/cluster-tests.log"
+sanitized='*GpuSpCluster*'  # and the chunk schedule's tests where they pass (a hang would hold every tool)
+stage chunk-tests 45 $kernel_tests --gtest_filter='*GpuSpChunks*' --gtest_brief=1 &&
+  sanitized="$sanitized:*GpuSpChunks*"
+grep -E "PASSED|FAILED" "$LOGS/chunk-tests.log"
 stage step 90 build/spc/bench/qksoftmax-step --trace "$OUT/h200-step.json"
 grep -E "^kb single_pass" "$LOGS/step.log"
 for mask in causal nomask; do
@@ -69,7 +75,7 @@ done
 if ! skipped sanitize; then
   for tool in memcheck racecheck synccheck initcheck; do
     stage "sanitize-$tool" 200 env QKSOFTMAX_TEST_SHAPES=small compute-sanitizer --tool $tool --error-exitcode 1 \
-      $kernel_tests --gtest_filter='*GpuSpCluster*' &
+      $kernel_tests --gtest_filter="$sanitized" &
   done
   wait
   for tool in memcheck racecheck synccheck initcheck; do

@@ -87,6 +87,10 @@ struct SpPpConfig {
   static_assert(!kChunked || (kDkWarpgroup_ && kCluster > 1), "chunks: in clusters, with the dK warpgroup");
   static constexpr int kChunk = 64;  // keys
   using CH = Int<kChunk>;
+  // With chunks, a block that sees the early chunk alone is a half step: dQ over dS's first 64 columns (the early
+  // chunk's keys), dK of the early chunk alone; S still over all 128 keys (sp_pp_mainloop.cuh says why) and the
+  // late chunk's dP still loaded (a dP slot's transaction count is fixed): two thirds of a full step's products.
+  static constexpr bool kHalfSteps = kChunked;
   static_assert(kBlockM == kSpBlockM, "dispatch.cu counts the single pass's steps by sm90_instances.h's kSpBlockM");
   static_assert(kBlockN == kSpBlockN, "dispatch.cu sizes the single pass's clusters by sm90_instances.h's kSpBlockN");
   static constexpr int kConsumers = 2;

@@ -22,7 +22,7 @@ struct SpPpDkWarpgroup {
   const typename Cfg::Params& params;
   typename Cfg::Storage& st;
 
-  __device__ void run(typename Cfg::QPipeline& q_pipe) {
+  __device__ __forceinline__ void run(typename Cfg::QPipeline& q_pipe) {
     const int tid = threadIdx.x % Cfg::kWarpgroupThreads;
     typename Cfg::Trace trace(KbTraceRole::kDq, tid < 32);
     Tensor sQt = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQt{});     // (D, BM, QS)
@@ -32,26 +32,52 @@ struct SpPpDkWarpgroup {
     Tensor tdKrdK = partition_fragment_C(mma_dk, Shape<BN, HD>{});  // (MMA, 2, 1) fp32
     const Tensor tdKsdS = thr_dk.partition_fragment_A(sdSt);       // (MMA, 2, BM/16, DB) descriptors
     const Tensor tdKsQ = thr_dk.partition_fragment_B(sQt);         // (MMA, 1, BM/16, QS) descriptors
+    // A half step's (kHalfSteps): M = the early chunk's 64 keys, dK's first m-tile (its first 64 registers).
+    typename Cfg::MmadK mma_dkh;
+    auto thr_dkh = mma_dkh.get_thread_slice(tid);
+    using FragdKHalf = decltype(partition_fragment_C(typename Cfg::MmadK{}, Shape<typename Cfg::HF, HD>{}));
+    Tensor tdKrdKh = make_tensor(tdKrdK.data(), typename FragdKHalf::layout_type{});    // (MMA, 1, 1) fp32
+    const Tensor tdKsdSh = thr_dkh.partition_fragment_A(Cfg::consumer_keys(sdSt, 0));  // (MMA, 1, BM/16, DB)
+    const Tensor tdKsQh = thr_dkh.partition_fragment_B(sQt);                           // (MMA, 1, BM/16, QS)
 
     int g = 0;  // the CTA's blocks so far
     KbTileReader<Cfg> tiles(params, st);
     for (KbTile tile; tiles.next(tile);) {
       const KbWork<Cfg> work(params.order, tile);
       mma_dk.accumulate_ = GMMA::ScaleOut::One;
+      mma_dkh.accumulate_ = GMMA::ScaleOut::One;
       clear(tdKrdK);
-      int blocks = work.steps;
-      if constexpr (Cfg::kChunked) blocks = Cfg::walk(params, work.nb).blocks();
-      for (int t = 0; t < blocks; ++t, ++g) {
+      // Block g's dS(g)ᵀ Q(g), over the tile's 128 keys or a half step's first 64.
+      const auto add_block = [&](auto is_half) __attribute__((always_inline)) {
         const int buf = Cfg::ds_buffer(g);
         cutlass::arch::ClusterBarrier::wait(&st.ds_full[buf], Cfg::ds_phase(g));
         const auto q_state = block_state<Cfg::kQStages>(g);
         q_pipe.consumer_wait(q_state);  // (the owner awaited it for S; this warpgroup reads it too)
         trace.mark(PpDkTracePhase::kDsWait);
-        warpgroup_mma<size<2>(decltype(tdKsdS.layout()){}), false>(mma_dk, tdKsdS(_, _, _, buf),
-                                                                  tdKsQ(_, _, _, q_state.index()), tdKrdK);
+        if constexpr (decltype(is_half)::value) {
+          warpgroup_mma<size<2>(decltype(tdKsdSh.layout()){}), false>(mma_dkh, tdKsdSh(_, _, _, buf),
+                                                                     tdKsQh(_, _, _, q_state.index()), tdKrdKh);
+        } else {
+          warpgroup_mma<size<2>(decltype(tdKsdS.layout()){}), false>(mma_dk, tdKsdS(_, _, _, buf),
+                                                                    tdKsQ(_, _, _, q_state.index()), tdKrdK);
+        }
         cutlass::arch::ClusterBarrier::arrive(&st.ds_free[buf]);
         release_slot(st.q_pipe, q_state);
         trace.mark(PpDkTracePhase::kProduct);
+        ++g;
+      };
+      if constexpr (Cfg::kChunked) {  // the blocks of the walk's positions, in order
+        const SpChunkWalk walk = Cfg::walk(params, work.nb);
+        for (int k = 0; k < walk.positions(); ++k) {
+          const int seen = walk.seen(walk.row_block(k));
+          if (Cfg::kHalfSteps && seen == 1) {
+            add_block(std::true_type{});
+          } else if (seen > 0) {
+            add_block(std::false_type{});
+          }
+        }
+      } else {
+        for (int t = 0; t < work.steps; ++t) add_block(std::false_type{});
       }
       const Tensor tdKcdK = thr_dk.partition_C(make_identity_tensor(Shape<BN, HD>{}));  // (MMA, 2, 1) → (key, d)
       if constexpr (Cfg::kChunked) {

@@ -41,7 +41,7 @@ struct SpPpMainloop {
   typename Cfg::Storage& st;
   int w;  // this consumer, 0 or 1
 
-  __device__ void run(QPipeline& q_pipe, PPipeline& p_pipe) {
+  __device__ __forceinline__ void run(QPipeline& q_pipe, PPipeline& p_pipe) {
     constexpr bool kDkWarpgroup = Cfg::kDkWarpgroup;  // dK is the dK warpgroup's, not the consumers'
     const Problem& prob = params.prob;
     const int tid = threadIdx.x % Cfg::kWarpgroupThreads;
@@ -101,7 +101,8 @@ struct SpPpMainloop {
     int turns = 0;    // the turns so far (both consumers'): the blocks, and with chunks the positions passed on
     int k_loads = 0;  // tiles with blocks so far
     FragS tSrS;       // (MMA, 1, 1) fp32: S of this consumer's next block
-    // S(j) from the tile's K (buffer k_use), Q(j) awaited.
+    // S(j) from the tile's K (buffer k_use), Q(j) awaited. (Over all 128 keys in a half step too: an N = 64 form
+    // into half of the accumulator made ptxas serialise the products for want of registers, C7511.)
     const auto issue_s = [&](int j, const KBufferUse<Cfg>& k_use) {
       const auto q_state = block_state<kQStages>(j);
       q_pipe.consumer_wait(q_state);
@@ -109,10 +110,10 @@ struct SpPpMainloop {
                                                                     tSsK(_, _, _, k_use.buffer), tSrS);
     };
     // This consumer's block j, row block `block`, of the tile's keys (the K tile's rows 0-63 from key n0, 64-127
-    // from key n1), S(j) issued; j_next: its next block of the tile, −1 where none; prev, last: the other consumer's
-    // block j − 1 is of the tile, block j is the tile's last.
-    const auto block_step = [&](int j, int j_next, int block, int64_t n0, int64_t n1, const KBufferUse<Cfg>& k_use,
-                                bool prev, bool last) __attribute__((always_inline)) {
+    // from key n1), S(j) issued; j_next: its next block of the tile, −1 where none; half: block j is a half step
+    // (kHalfSteps); prev, last: the other consumer's block j − 1 is of the tile, block j is the tile's last.
+    const auto block_step = [&](int j, int j_next, bool half, int block, int64_t n0, int64_t n1,
+                                const KBufferUse<Cfg>& k_use, bool prev, bool last) __attribute__((always_inline)) {
       const int64_t m0 = int64_t(block) * kBlockM;
       const auto q_state = block_state<kQStages>(j);
       const auto p_state = block_state<kPStages>(j);
@@ -170,8 +171,9 @@ struct SpPpMainloop {
       const auto q_prev = block_state<kQStages>(j - 1);
       // (Compiled once per case, each with its own constant waits; inlined: a call would pass the fragments
       // through the stack.)
-      const auto turn = [&](auto has_prev, auto has_next) __attribute__((always_inline)) {
+      const auto turn = [&](auto has_prev, auto has_next, auto is_half) __attribute__((always_inline)) {
         constexpr bool kPrev = decltype(has_prev)::value, kNext = decltype(has_next)::value;
+        constexpr int kDqBlocks = size<2>(decltype(tdQsdS.layout()){}) / (decltype(is_half)::value ? 2 : 1);
         if constexpr (!kDkWarpgroup) {  // (with a dK warpgroup, dK is its own)
           if constexpr (kPrev) q_pipe.consumer_wait(q_prev);  // (its owner awaited it; this consumer reads it too)
           warpgroup_fence_operand(tdKrdK);
@@ -181,14 +183,10 @@ struct SpPpMainloop {
           warpgroup_commit_batch();
         }
         FragdQ tdQrdQ;  // (MMA, 1, 1) fp32
-        warpgroup_mma<size<2>(decltype(tdQsdS.layout()){}), true, false>(mma_dq, tdQsdS(_, _, _, Cfg::ds_buffer(j)),
-                                                                         tdQsK(_, _, _, k_use.buffer), tdQrdQ);
-        if constexpr (kNext) {
-          const auto q_next = block_state<kQStages>(j_next);
-          q_pipe.consumer_wait(q_next);
-          warpgroup_mma<size<2>(decltype(tSsQ.layout()){}), true, false>(mma_s, tSsQ(_, _, _, q_next.index()),
-                                                                        tSsK(_, _, _, k_use.buffer), tSrS);
-        }
+        // (A half step's dQ over dS's first 64 columns, the early chunk's keys: its k-blocks 0-3.)
+        warpgroup_mma<kDqBlocks, true, false>(mma_dq, tdQsdS(_, _, _, Cfg::ds_buffer(j)), tdQsK(_, _, _, k_use.buffer),
+                                              tdQrdQ);
+        if constexpr (kNext) issue_s(j_next, k_use);
         cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTurnBarrier + other);
         trace.mark(PpTracePhase::kIssue);
         constexpr int kAfterDq = kNext ? 1 : 0;  // batches issued after dQ's
@@ -209,22 +207,36 @@ struct SpPpMainloop {
         release_slot(st.p_pipe, p_state);  // (the dP load thread stores dQ from the slot before loading it again)
         trace.mark(PpTracePhase::kStoreDq);
       };
-      if constexpr (kDkWarpgroup) {
+      constexpr std::false_type kFull{};
+      if constexpr (Cfg::kHalfSteps) {  // (kDkWarpgroup)
+        const auto turn_of = [&](auto has_next) __attribute__((always_inline)) {
+          if (half) {
+            turn(std::false_type{}, has_next, std::true_type{});
+          } else {
+            turn(std::false_type{}, has_next, kFull);
+          }
+        };
         if (next) {
-          turn(std::false_type{}, std::true_type{});
+          turn_of(std::true_type{});
         } else {
-          turn(std::false_type{}, std::false_type{});
+          turn_of(std::false_type{});
+        }
+      } else if constexpr (kDkWarpgroup) {
+        if (next) {
+          turn(std::false_type{}, std::true_type{}, kFull);
+        } else {
+          turn(std::false_type{}, std::false_type{}, kFull);
         }
       } else if (prev) {
         if (next) {
-          turn(std::true_type{}, std::true_type{});
+          turn(std::true_type{}, std::true_type{}, kFull);
         } else {
-          turn(std::true_type{}, std::false_type{});
+          turn(std::true_type{}, std::false_type{}, kFull);
         }
       } else if (next) {
-        turn(std::false_type{}, std::true_type{});
+        turn(std::false_type{}, std::true_type{}, kFull);
       } else {
-        turn(std::false_type{}, std::false_type{});
+        turn(std::false_type{}, std::false_type{}, kFull);
       }
     };
     // The turns run on across tiles: consumer 0 takes the CTA's first.
@@ -241,6 +253,7 @@ struct SpPpMainloop {
         const int positions = walk.positions(), blocks = walk.blocks();
         const auto mine = [&](int k) { return ((turns + k) & 1) == w; };
         const auto seen = [&](int k) { return walk.seen(walk.row_block(k)) > 0; };
+        const auto half = [&](int k) { return Cfg::kHalfSteps && walk.seen(walk.row_block(k)) == 1; };
         // This consumer's next block after position k (blocks numbered from j at position k + 1), −1 where the tile
         // has none.
         const auto next_block = [&](int k, int j) {
@@ -266,7 +279,7 @@ struct SpPpMainloop {
             continue;
           }
           if (seen(k)) {
-            block_step(j, next_block(k, j + 1), walk.row_block(k), n0, n1, k_use, false, false);
+            block_step(j, next_block(k, j + 1), half(k), walk.row_block(k), n0, n1, k_use, false, false);
             ++j;
           } else {  // the turn passed on
             cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kTurnBarrier + w);
@@ -299,7 +312,7 @@ struct SpPpMainloop {
         const int block = at.block;
         work.advance(at);
         work.advance(at);  // (at: this consumer's next block)
-        block_step(j, j + 2 < g_end ? j + 2 : -1, block, work.n0, work.n0 + Cfg::kChunk, k_use, j > g0,
+        block_step(j, j + 2 < g_end ? j + 2 : -1, false, block, work.n0, work.n0 + Cfg::kChunk, k_use, j > g0,
                    j + 1 == g_end);
       }
       g = g_end;

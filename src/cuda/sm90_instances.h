@@ -90,6 +90,18 @@ int sm90_single_pass_resident_clusters();
 #define QKSOFTMAX_DECLARE_SM90_SP(T, HD) QKSOFTMAX_SM90_SP_CLUSTERS(QKSOFTMAX_DECLARE_SM90_SP_CLUSTER, T, HD)
 QKSOFTMAX_SM90_CONFIGS(QKSOFTMAX_DECLARE_SM90_SP)
 #undef QKSOFTMAX_DECLARE_SM90_SP
+// The chunk schedule (SpPpConfig kChunked, causal rows), instantiated in the library only in an A/B build that
+// defines QKSOFTMAX_SM90_SP_CHUNKS (sm90_sp_chunks_c<C>_hd<D>.cu; the kernel tests instantiate their own).
+#define QKSOFTMAX_SM90_SP_CHUNK_CLUSTERS(X, T, HD) X(T, HD, 2) X(T, HD, 4) X(T, HD, 8)
+#ifdef QKSOFTMAX_SM90_SP_CHUNKS
+#define QKSOFTMAX_DECLARE_SM90_SP_CHUNKS_CLUSTER(T, HD, C) \
+  extern template Status run_sm90_single_pass<sm90::SpPpConfig<T, HD, true, C, true>>(const Problem&, CUstream_st*, bool);
+#define QKSOFTMAX_DECLARE_SM90_SP_CHUNKS(T, HD) \
+  QKSOFTMAX_SM90_SP_CHUNK_CLUSTERS(QKSOFTMAX_DECLARE_SM90_SP_CHUNKS_CLUSTER, T, HD)
+QKSOFTMAX_SM90_CONFIGS(QKSOFTMAX_DECLARE_SM90_SP_CHUNKS)
+#undef QKSOFTMAX_DECLARE_SM90_SP_CHUNKS
+#undef QKSOFTMAX_DECLARE_SM90_SP_CHUNKS_CLUSTER
+#endif
 #undef QKSOFTMAX_DECLARE_SM90_SP_CLUSTER
 
 // The single-pass (cluster) backward takes rows of up to this many keys (a portable cluster of 8 CTAs × 128

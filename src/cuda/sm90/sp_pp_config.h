@@ -53,12 +53,8 @@ struct SpChunkWalk {
   CUTE_HOST_DEVICE int late() const { return 2 * clusters - 1 - rank; }
   // The CTA's chunks that row block t sees: 0, 1 (the early one) or 2.
   CUTE_HOST_DEVICE int seen(int t) const { return int(t >= early()) + int(t >= late() && late() < chunks); }
-  // The positions where the CTA sees a chunk: its blocks of the head.
-  CUTE_HOST_DEVICE int blocks() const {
-    int n = 0;
-    for (int t = 0; t < row_blocks; ++t) n += seen(t) > 0 ? group : 0;
-    return n;
-  }
+  // The positions where the CTA sees a chunk, its blocks of the head: every row block from its early chunk's on.
+  CUTE_HOST_DEVICE int blocks() const { return row_blocks > rank ? (row_blocks - rank) * group : 0; }
 };
 
 template <class Element_, int kHeadDim_, bool kDkWarpgroup_, int kCluster_, bool kChunked_>

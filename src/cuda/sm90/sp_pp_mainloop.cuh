@@ -208,24 +208,19 @@ struct SpPpMainloop {
         trace.mark(PpTracePhase::kStoreDq);
       };
       constexpr std::false_type kFull{};
-      if constexpr (Cfg::kHalfSteps) {  // (kDkWarpgroup)
-        const auto turn_of = [&](auto has_next) __attribute__((always_inline)) {
-          if (half) {
-            turn(std::false_type{}, has_next, std::true_type{});
+      if constexpr (kDkWarpgroup) {
+        const auto turn_of = [&](auto is_half) __attribute__((always_inline)) {
+          if (next) {
+            turn(std::false_type{}, std::true_type{}, is_half);
           } else {
-            turn(std::false_type{}, has_next, kFull);
+            turn(std::false_type{}, std::false_type{}, is_half);
           }
         };
-        if (next) {
-          turn_of(std::true_type{});
+        // (Without half steps `half` is false and both calls are the full step's.)
+        if (half) {
+          turn_of(std::bool_constant<Cfg::kHalfSteps>{});
         } else {
-          turn_of(std::false_type{});
-        }
-      } else if constexpr (kDkWarpgroup) {
-        if (next) {
-          turn(std::false_type{}, std::true_type{}, kFull);
-        } else {
-          turn(std::false_type{}, std::false_type{}, kFull);
+          turn_of(kFull);
         }
       } else if (prev) {
         if (next) {

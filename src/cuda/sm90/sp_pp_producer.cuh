@@ -110,6 +110,13 @@ struct SpPpProducer {
       dq_out.store(at.index(), block[0], block[1], block[2]);
       tma_store_wait<0>();
     };
+    // The next slot taken for row block mb of (b, h): acquired, its previous block's dQ stored, the block recorded.
+    const auto take_slot = [&](int64_t b, int64_t h, int mb) {
+      p_pipe.producer_acquire(state);  // (expects the slot's bytes)
+      store_previous(state);
+      int32_t* block = st.dq_block[state.index()];
+      block[0] = int32_t(b), block[1] = int32_t(h), block[2] = mb;
+    };
     KbTileReader<Cfg> tiles(params, st);
     for (KbTile tile; tiles.next(tile);) {
       const KbWork<Cfg> work(params.order, tile);
@@ -122,10 +129,7 @@ struct SpPpProducer {
           const int t = walk.row_block(k);
           if (walk.seen(t) == 0) continue;
           const int64_t h = work.kv_head * work.group + walk.head(k);
-          p_pipe.producer_acquire(state);
-          store_previous(state);
-          int32_t* block = st.dq_block[state.index()];
-          block[0] = int32_t(work.b), block[1] = int32_t(h), block[2] = t;
+          take_slot(work.b, h, t);
           CUTE_UNROLL
           for (int half = 0; half < 2; ++half) {
             Tensor gdP = local_tile(mdP(_, _, h, work.b), Shape<BM, CH>{}, make_coord(t, chunk[half]));  // (BM, CH)
@@ -142,10 +146,7 @@ struct SpPpProducer {
         const int64_t h = at.head;
         const int mb = at.block;
         work.advance(at);
-        p_pipe.producer_acquire(state);  // (expects the slot's bytes)
-        store_previous(state);
-        int32_t* block = st.dq_block[state.index()];
-        block[0] = int32_t(work.b), block[1] = int32_t(h), block[2] = mb;
+        take_slot(work.b, h, mb);
         Tensor gdP = local_tile(mdP(_, _, h, work.b), Shape<BM, BN>{}, make_coord(mb, work.nb));  // (BM, BN)
         tma_load_tile(tma.dp, *p_pipe.producer_get_barrier(state), gdP, sdP(_, _, state.index()));
       }

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -343,9 +344,39 @@ inline double rounding_tolerance(DType t) {
   return 2 * std::ldexp(1.0, -bits);
 }
 
+// Where out is furthest from ref: the element (its index in each dimension), its two values, and how many
+// elements are off by more than `bound` times ref's largest magnitude; a failure's message, to tell a wrong block
+// from noise spread over a tensor.
+inline std::string worst_elements(const HostTensor& out, const std::vector<double>& values,
+                                  const std::vector<double>& ref, double bound) {
+  double scale = 0, worst = -1;
+  size_t at = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (std::isfinite(ref[i])) scale = std::max(scale, std::abs(ref[i]));
+  }
+  int64_t off = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = values[i] == ref[i] ? 0.0 : std::isfinite(values[i] - ref[i]) ? std::abs(values[i] - ref[i])
+                                                                                    : HUGE_VAL;
+    if (d > bound * scale) ++off;
+    if (d > worst) worst = d, at = i;
+  }
+  std::string where;
+  int64_t flat = int64_t(at);
+  for (size_t d = out.shape().size(); d-- > 0;) {
+    where = std::to_string(flat % out.shape()[d]) + (where.empty() ? "" : ", ") + where;
+    flat /= out.shape()[d];
+  }
+  return "; furthest at (" + where + "): " + std::to_string(values[at]) + " against " + std::to_string(ref[at]) +
+         "; " + std::to_string(off) + " of " + std::to_string(ref.size()) + " elements off by more than " +
+         std::to_string(bound) + " of the largest magnitude";
+}
+
 inline void expect_close(const char* name, const HostTensor& out, const std::vector<double>& ref, double bound) {
-  const double err = relative_error(out.values(), ref);
-  EXPECT_LE(err, bound) << name << ": relative error " << err << " above " << bound;
+  const std::vector<double> values = out.values();
+  const double err = relative_error(values, ref);
+  EXPECT_LE(err, bound) << name << ": relative error " << err << " above " << bound
+                        << (err > bound ? worst_elements(out, values, ref, bound) : "");
   EXPECT_TRUE(out.padding_untouched()) << name << ": written outside its view";
 }
 

@@ -100,6 +100,9 @@ struct SpPpMainloop {
     int g = 0;        // the CTA's blocks so far (both consumers')
     int turns = 0;    // the turns so far (both consumers'): the blocks, and with chunks the positions passed on
     int k_loads = 0;  // tiles with blocks so far
+    // With chunks: the blocks whose Q has been read by their owners (every block up to this consumer's latest
+    // turn), and the block whose S is issued ahead, −1 where none.
+    int read = 0, s_ahead = -1;
     FragS tSrS;       // (MMA, 1, 1) fp32: S of this consumer's next block
     // S(j) from the tile's K (buffer k_use), Q(j) awaited. (Over all 128 keys in a half step too: an N = 64 form
     // into half of the accumulator made ptxas serialise the products for want of registers, C7511.)
@@ -110,16 +113,18 @@ struct SpPpMainloop {
                                                                     tSsK(_, _, _, k_use.buffer), tSrS);
     };
     // This consumer's block j, row block `block`, of the tile's keys (the K tile's rows 0-63 from key n0, 64-127
-    // from key n1), S(j) issued; j_next: its next block of the tile, −1 where none; half: block j is a half step
-    // (kHalfSteps); prev, last: the other consumer's block j − 1 is of the tile, block j is the tile's last.
-    const auto block_step = [&](int j, int j_next, bool half, int block, int64_t n0, int64_t n1,
+    // from key n1); s_issued: S(j) issued ahead (else issued here); j_next: its next block of the tile whose S its
+    // turn issues, −1 where none; half: block j is a half step (kHalfSteps); prev, last: the other consumer's block
+    // j − 1 is of the tile, block j is the tile's last.
+    const auto block_step = [&](int j, bool s_issued, int j_next, bool half, int block, int64_t n0, int64_t n1,
                                 const KBufferUse<Cfg>& k_use, bool prev, bool last) __attribute__((always_inline)) {
       const int64_t m0 = int64_t(block) * kBlockM;
       const auto q_state = block_state<kQStages>(j);
       const auto p_state = block_state<kPStages>(j);
       const bool next = j_next >= 0;  // this consumer's next block, in this tile
 
-      // S(j) done (issued at the tile's start, or last in the previous turn); dP(j) read; the statistics.
+      // S(j) done (issued ahead: at the tile's start, or in an earlier turn); dP(j) read; the statistics.
+      if (!s_issued) issue_s(j, k_use);
       p_pipe.consumer_wait(p_state);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
@@ -172,7 +177,8 @@ struct SpPpMainloop {
       // (Compiled once per case, each with its own constant waits; inlined: a call would pass the fragments
       // through the stack.)
       const auto turn = [&](auto has_prev, auto has_next, auto is_half) __attribute__((always_inline)) {
-        constexpr bool kPrev = decltype(has_prev)::value, kNext = decltype(has_next)::value;
+        [[maybe_unused]] constexpr bool kPrev = decltype(has_prev)::value;  // (read without a dK warpgroup)
+        constexpr bool kNext = decltype(has_next)::value;
         constexpr int kDqBlocks = size<2>(decltype(tdQsdS.layout()){}) / (decltype(is_half)::value ? 2 : 1);
         if constexpr (!kDkWarpgroup) {  // (with a dK warpgroup, dK is its own)
           if constexpr (kPrev) q_pipe.consumer_wait(q_prev);  // (its owner awaited it; this consumer reads it too)
@@ -259,11 +265,16 @@ struct SpPpMainloop {
           }
           return -1;
         };
+        // S of block j issued ahead only where Q(j − kQStages), the previous block of its Q slot, has been read
+        // (j < read + kQStages): a slot's barrier tells its phases apart by parity alone, so that a wait two
+        // phases ahead would pass on an older one, and the slot's load waits on blocks whose turns are this
+        // consumer's to pass. Else S(j) is issued at block j's own step.
+        const auto ahead = [&](int j_next) { return j_next >= 0 && j_next < read + kQStages ? j_next : -1; };
         if (blocks > 0) {
           ++k_loads;
           Cfg::TxBarrier::wait(&st.k_full[k_use.buffer], k_use.phase);
-          const int j_first = next_block(-1, g);
-          if (j_first >= 0) issue_s(j_first, k_use);
+          s_ahead = ahead(next_block(-1, g));
+          if (s_ahead >= 0) issue_s(s_ahead, k_use);
         }
         trace.mark(PpTracePhase::kTileStart);
         int j = g;  // the block of position k, where it is one
@@ -273,11 +284,20 @@ struct SpPpMainloop {
             j += seen(k) ? 1 : 0;
             continue;
           }
-          if (seen(k)) {
-            block_step(j, next_block(k, j + 1), half(k), walk.row_block(k), n0, n1, k_use, false, false);
+          if (seen(k)) {  // (in its turn every block up to j has been read)
+            read = j + 1;
+            const int j_next = ahead(next_block(k, j + 1));
+            block_step(j, s_ahead == j, j_next, half(k), walk.row_block(k), n0, n1, k_use, false, false);
+            s_ahead = j_next;
             ++j;
-          } else {  // the turn passed on
+          } else {  // the turn passed on (in it every block before j has been read), S issued ahead where it may be
             cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kTurnBarrier + w);
+            read = j;
+            const int j_next = next_block(k, j);
+            if (s_ahead != j_next && ahead(j_next) >= 0) {
+              issue_s(j_next, k_use);
+              s_ahead = j_next;
+            }
             cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTurnBarrier + other);
           }
         }
@@ -307,7 +327,7 @@ struct SpPpMainloop {
         const int block = at.block;
         work.advance(at);
         work.advance(at);  // (at: this consumer's next block)
-        block_step(j, j + 2 < g_end ? j + 2 : -1, false, block, work.n0, work.n0 + Cfg::kChunk, k_use, j > g0,
+        block_step(j, true, j + 2 < g_end ? j + 2 : -1, false, block, work.n0, work.n0 + Cfg::kChunk, k_use, j > g0,
                    j + 1 == g_end);
       }
       g = g_end;

@@ -12,39 +12,12 @@
 #   scripts/sp-cluster-check.sh            (carry .deps; about 8 minutes on the H200's 16 cores)
 #   BUDGET_S=500 SKIP="ctest sanitize" scripts/sp-cluster-check.sh
 # shellcheck disable=SC2086
-set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-out/sp-cluster-check}
 BUDGET_S=${BUDGET_S:-540}
 SKIP=${SKIP:-}
-LOGS=$(mktemp -d)
-mkdir -p "$OUT"
-export QKSOFTMAX_REQUIRE_GPU=1
-start=$SECONDS
-left() { echo $((BUDGET_S - (SECONDS - start))); }
-skipped() { [[ " $SKIP " == *" $1 "* ]]; }
-# name, limit in seconds, command...: runs within the limit and what is left of the budget, logs to $LOGS/name.log
-stage() {
-  local name=$1 limit=$2 t=$SECONDS rc
-  shift 2
-  local l
-  l=$(left)
-  [ "$l" -lt "$limit" ] && limit=$l
-  if [ "$limit" -lt 5 ]; then echo "== $name: skipped, the budget is spent"; return 1; fi
-  timeout -k 5 "$limit" "$@" > "$LOGS/$name.log" 2>&1
-  rc=$?
-  echo "== $name: rc $rc, $((SECONDS - t)) s"
-  return $rc
-}
-suite() {  # results file: its means and cases, one line per dtype
-  python3 - "$1" <<'EOF'
-import json, sys
-d = json.load(open(sys.argv[1]))
-for r in d["runs"]:
-    cases = " ".join(f"{c['B']}x{c['S']}:{c['us']:.1f}" for c in r["cases"])
-    print(f"{sys.argv[1].split('/')[-1]} {r['dtype']} mean {r['mean_us']:.1f} us {r['sol_pct']:.1f} % SOL  {cases}")
-EOF
-}
+# shellcheck source=scripts/device_stages.sh
+source scripts/device_stages.sh
 
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 stage configure 60 cmake -S . -B build/spc -G Ninja -DCMAKE_BUILD_TYPE=Release -DQKSOFTMAX_BUILD_TESTS=ON \

@@ -78,18 +78,17 @@ bool sm90_single_pass(const Problem& prob) { return sm90_tma_ready(prob) && sm90
 // fill the GPU or are short: with fewer CTAs than SMs and more than kSm90SpMaxSteps steps a tile, the row-block
 // tiles of the other backward kernels spread the work wider. Returns the cluster size, or 0 where not taken.
 // The largest clusters taken, by mask (H200, seed16 bf16, recompute, 2026-12-03, against the two-pass backward
-// in the same call): causal rows, 2 (B8·S256 200.9 and 212.5 µs in two calls against v28's 253.2; clusters of 4 and 8 lose, B8·S512 686
-// against 588 and B8·S1024 2656 against 1759: a cluster moves at the pace of its CTA 0, whose keys every row sees,
-// while the others idle, busy (C + 1) / 2C of the time, docs/DESIGN.md); unmasked rows, 4 (S = 512 at B 1 / 2 / 4 /
-// 8: 114.6 / 194.9 / 374.3 / 705.3 µs against 117.2 / 214.6 / 412.5 / 778.0; clusters of 8 at S = 1024 win at B8
-// only, 2881 against 3004, and lose at B 1 / 2 / 4). QKSOFTMAX_SM90_SP_MAX_CLUSTER, where defined, takes the place
-// of both (an A/B build's knob).
+// in the same call): causal rows, 2 (B8·S256 181.0 µs against v28's 253.2; clusters of 4 and 8 lose, B8·S512 598.8
+// against 572.3 and B8·S1024 2358.6 against 1754.5: a cluster moves at the pace of its CTA 0, whose keys every row
+// sees, while the others idle, busy (C + 1) / 2C of the time, docs/DESIGN.md); unmasked rows, 8 (S = 1024 at
+// B 1 / 2 / 4 / 8: 357.8 / 689.5 / 1320.3 / 2589.2 µs against 358.4 / 693.6 / 1357.5 / 3015.5).
+// QKSOFTMAX_SM90_SP_MAX_CLUSTER, where defined, takes the place of both (an A/B build's knob).
 #ifdef QKSOFTMAX_SM90_SP_MAX_CLUSTER
 constexpr int kSm90SpMaxClusterCausal = QKSOFTMAX_SM90_SP_MAX_CLUSTER;
 constexpr int kSm90SpMaxClusterFull = QKSOFTMAX_SM90_SP_MAX_CLUSTER;
 #else
 constexpr int kSm90SpMaxClusterCausal = 2;
-constexpr int kSm90SpMaxClusterFull = 4;
+constexpr int kSm90SpMaxClusterFull = 8;
 #endif
 constexpr int64_t kSm90SpMaxSteps = 64;
 constexpr int kSm90SpDeterministicMaxCluster = 2;

@@ -36,7 +36,7 @@ grep -E "PASSED|FAILED" "$LOGS/sp-tests.log"
 if ! skipped profile; then
   # name, case (B,H,S,D), kernels (ncu's regex), launches
   for profile in "sp-S128 8,128,128,128 sp_pp_kernel 1" "sp-S256 8,128,256,128 sp_pp_kernel 1" \
-                 "twopass-S1024 8,128,1024,128 row_stats_kernel|kb_kernel 2"; do
+                 "twopass-S1024 8,128,1024,128 rowstats_kernel|kb_kernel 2"; do
     read -r name shape kernels launches <<< "$profile"
     stage "ncu-$name" 120 ncu --clock-control none --set full --import-source yes -k "regex:$kernels" \
       --launch-count "$launches" -f -o "$REPORTS/ncu-$name" $bench --case "$shape" --mode recompute \

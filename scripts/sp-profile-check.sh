@@ -4,39 +4,51 @@
 # on the kernels that seed16's causal cases spend their time in (the pingpong single pass alone at S = 128 and in
 # clusters of two at S = 256; the two passes' row statistics and key-block pass at S = 1024; B = 8, H = 128), with
 # each report's speed-of-light lines and the consumers' stall reasons printed, and the GPU tests (ctest) in what is
-# left of the budget. At most 8 files come back from a device call: two results files, the S = 1024 report and
-# one log archive go to $OUT.
+# left of the budget. At most 8 files come back from a device call: two results files, one report (the last
+# profile's, by name) and one log archive go to $OUT.
 #
 #   scripts/sp-profile-check.sh            (carry .deps; about 9 minutes on the H200's 16 cores)
 #   BUDGET_S=400 SKIP="ctest" scripts/sp-profile-check.sh
+# CUDA_FLAGS builds the tree with those flags (an A/B knob such as -DQKSOFTMAX_SM90_SP_MAX_CLUSTER=8) and, with the
+# tests skipped (SKIP="tests ctest"), the bench alone; PROFILES replaces the profiled kernels ("name case regex
+# launches", ';'-separated).
+#   BUDGET_S=200 SKIP="tests seed16 ctest" CUDA_FLAGS=-DQKSOFTMAX_SM90_SP_MAX_CLUSTER=8 \
+#     PROFILES="sp-c8-S1024 8,128,1024,128 sp_pp_kernel 1" scripts/sp-profile-check.sh
 # shellcheck disable=SC2086
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-out/sp-profile-check}
 BUDGET_S=${BUDGET_S:-540}
 SKIP=${SKIP:-}
+CUDA_FLAGS=${CUDA_FLAGS:-}
+PROFILES=${PROFILES:-"sp-S128 8,128,128,128 sp_pp_kernel 1;sp-S256 8,128,256,128 sp_pp_kernel 1;\
+twopass-S1024 8,128,1024,128 rowstats_kernel|kb_kernel 2"}
 # shellcheck source=scripts/device_stages.sh
 source scripts/device_stages.sh
-REPORTS=$(mktemp -d)  # ncu's reports: the one of S = 1024 comes back
+REPORTS=$(mktemp -d)  # ncu's reports: the last profile's comes back
 
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
-stage configure 60 cmake -S . -B build/spp -G Ninja -DCMAKE_BUILD_TYPE=Release -DQKSOFTMAX_BUILD_TESTS=ON \
-  -DQKSOFTMAX_BUILD_BENCH=ON -DQKSOFTMAX_BUILD_PYTHON=OFF
-stage build 300 cmake --build build/spp -j 16
+tests=ON targets=()
+skipped tests && skipped ctest && tests=OFF targets=(--target qksoftmax-bench)
+stage configure 60 cmake -S . -B build/spp -G Ninja -DCMAKE_BUILD_TYPE=Release -DQKSOFTMAX_BUILD_TESTS=$tests \
+  -DQKSOFTMAX_BUILD_BENCH=ON -DQKSOFTMAX_BUILD_PYTHON=OFF "-DCMAKE_CUDA_FLAGS=$CUDA_FLAGS"
+stage build 300 cmake --build build/spp -j 16 "${targets[@]}"
 grep -hE "error|C7518|spill" "$LOGS"/build.log | grep -v "0 bytes spill" | head -5
 bench=build/spp/bench/qksoftmax-bench
-for mask in causal nomask; do
+skipped seed16 || for mask in causal nomask; do
   flag=; [ $mask = nomask ] && flag=--no-mask
   dtypes=bf16,fp16; [ $mask = nomask ] && dtypes=bf16
   stage "seed16-$mask" 60 $bench --suite seed16 --mode recompute --dtype $dtypes --impl qksoftmax $flag \
     --json "$OUT/h200-seed16-$mask.json" && suite "$OUT/h200-seed16-$mask.json"
 done
-stage sp-tests 90 build/spp/tests/cpp/qksoftmax_kernel_tests --gtest_filter='*GpuSpVariants*:*GpuSpCluster*' \
-  --gtest_brief=1
-grep -E "PASSED|FAILED" "$LOGS/sp-tests.log"
+if ! skipped tests; then
+  stage sp-tests 90 build/spp/tests/cpp/qksoftmax_kernel_tests --gtest_filter='*GpuSpVariants*:*GpuSpCluster*' \
+    --gtest_brief=1
+  grep -E "PASSED|FAILED" "$LOGS/sp-tests.log"
+fi
 if ! skipped profile; then
   # name, case (B,H,S,D), kernels (ncu's regex), launches
-  for profile in "sp-S128 8,128,128,128 sp_pp_kernel 1" "sp-S256 8,128,256,128 sp_pp_kernel 1" \
-                 "twopass-S1024 8,128,1024,128 rowstats_kernel|kb_kernel 2"; do
+  IFS=';' read -r -a profiles <<< "$PROFILES"
+  for profile in "${profiles[@]}"; do
     read -r name shape kernels launches <<< "$profile"
     stage "ncu-$name" 120 ncu --clock-control none --set full --import-source yes -k "regex:$kernels" \
       --launch-count "$launches" -f -o "$REPORTS/ncu-$name" $bench --case "$shape" --mode recompute \
@@ -48,7 +60,8 @@ if ! skipped profile; then
       "$LOGS/ncu-$name-details.log" | sed -E 's/ +/ /g' | head -40
     python3 scripts/ncu_stalls.py "$LOGS/ncu-$name-sass.csv" --top 12 2>&1 | head -40 | tee "$LOGS/ncu-$name-stalls.log"
   done
-  [ -f "$REPORTS/ncu-twopass-S1024.ncu-rep" ] && cp "$REPORTS/ncu-twopass-S1024.ncu-rep" "$OUT/"
+  last=$(find "$REPORTS" -name '*.ncu-rep' | sort | tail -1)
+  [ -n "$last" ] && cp "$last" "$OUT/"
 fi
 if ! skipped ctest; then
   stage ctest 300 ctest --test-dir build/spp -j 14 --timeout 100 -E 'IndexingPast2To31|api_fuzz_cpu|stress_cpu'

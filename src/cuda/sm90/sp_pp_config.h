@@ -97,6 +97,16 @@ struct SpPpConfig {
   // its owner has written dS (sp_pp_dk.cuh), so that the consumers hold no dK accumulator and their turns carry
   // dQ and S alone (docs/DESIGN.md, the way down, 3).
   static constexpr bool kDkWarpgroup = kDkWarpgroup_;
+  // kDqInDs (with a dK warpgroup; an A/B build's knob, QKSOFTMAX_SM90_SP_DQ_IN_DS): a block's dQ staged in its dS
+  // buffer, once every product has read its dS, and stored from there by a third producer thread (kDqWarp), so
+  // that the block's dP slot is handed back as soon as its owner's ldmatrix has read it and the next dP loads a
+  // block and a half before it is needed, instead of a turn (docs/DESIGN.md, "dP loaded once read"). Without it
+  // dQ is staged in the dP slot, which the dP thread stores before it loads the slot again.
+#ifdef QKSOFTMAX_SM90_SP_DQ_IN_DS
+  static constexpr bool kDqInDs = kDkWarpgroup;
+#else
+  static constexpr bool kDqInDs = false;
+#endif
 
   // Rings. Q of block g is read by S(g) (issued in its owner's turn two blocks before), the owner's dK product and
   // the other consumer's (the first of their turns g and g + 1): four slots, the load of Q(g + 2) starting in the
@@ -174,6 +184,7 @@ struct SpPpConfig {
   static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
   static constexpr uint32_t kPBytes = kBlockM * kBlockN * sizeof(Element);  // a (BM, BN) tile: a dP slot, a dS buffer
   static_assert(cosize_v<SmemLayoutdS2> == kDsBuffers * kBlockM * kBlockN, "dS buffers are whole tiles");
+  static_assert(cosize_v<SmemLayoutdQ> == kBlockM * kBlockN, "a dS buffer holds a block's dQ (kDqInDs)");
   // Block g's dS buffer, and the parity of that buffer's barrier phases that block g's use completes.
   CUTE_HOST_DEVICE static constexpr int ds_buffer(int g) { return g % kDsBuffers; }
   CUTE_HOST_DEVICE static constexpr uint32_t ds_phase(int g) { return uint32_t(g / kDsBuffers) & 1; }
@@ -217,6 +228,7 @@ struct SpPpConfig {
   static constexpr int kCtasPerSm = 1;  // (shared memory): a persistent grid of one CTA per SM
   static constexpr int kLoadWarp = 0;   // Q, K and the tiles
   static constexpr int kDpWarp = 1;     // dP
+  static constexpr int kDqWarp = 2;     // dQ's stores (kDqInDs)
   // With a dK warpgroup the consumers give up dK's 64 registers and the dK warpgroup holds all 128 keys' (128).
   // With chunks the load threads walk every position of a head (SpChunkWalk): 24 registers spilled there, 32 do not;
   // the dK warpgroup gives up the 8.
@@ -228,12 +240,17 @@ struct SpPpConfig {
                     kThreads * kLaunchRegs,
                 "the launch allocation holds the roles");
   // Readers of the tile ring: every consumer thread, the dP load thread and the dK warpgroup's threads.
-  static constexpr int kTileReaders = kConsumerThreads + 1 + (kDkWarpgroup ? kWarpgroupThreads : 0);
+  static constexpr int kTileReaders =
+      kConsumerThreads + 1 + (kDkWarpgroup ? kWarpgroupThreads : 0) + (kDqInDs ? 1 : 0);
   // Q's readers that release its slots: both consumers (each reads every block's Q), or with a dK warpgroup the
   // block's owner (its S) and the dK warpgroup: 256 threads either way.
   static constexpr int kQReleasers = 2 * kWarpgroupThreads;
   // Arrivals that free a dS buffer: its owner's and the other consumer's, or the owner's and the dK warpgroup's.
   static constexpr int kDsReaders = 2 * kWarpgroupThreads;
+  // With kDqInDs, a dS buffer is read by its block's products (ds_read: the owner's 128 threads once its dQ product
+  // is done, the dK warpgroup's once its own is), then holds the block's dQ (dq_full: the owner's 128 threads once
+  // staged) until the dQ thread's store has read it (ds_free: that thread alone).
+  static constexpr int kDsFreeArrivals = kDqInDs ? 1 : kDsReaders;
   using Trace = NoTrace;  // the step micro-benchmark's configs time the phases (trace.h)
   // A consumer's statistics slots, per peer, by the parity of its exchanges with that peer: the peer pushes its
   // x-th exchange of a consumer only after it received this CTA's (x − 1)-th, which this consumer's warpgroup
@@ -266,9 +283,13 @@ struct SpPpConfig {
     int32_t dq_block[kPStages][3];  // by dP slot: its block's (batch, head, row block), for the dQ store (dP thread)
     alignas(8) uint64_t k_full[kKBuffers];   // K of a tile loaded (TMA's transaction count)
     alignas(8) uint64_t k_empty[kKBuffers];  // its last products, every consumer thread's, complete
-    // By dS buffer: its block's three products done (every consumer thread arrives once its own are; with a dK
-    // warpgroup, the owner's and the dK warpgroup's threads).
+    // By dS buffer: free for the dS of its next block, its block's three products done (every consumer thread
+    // arrives once its own are; with a dK warpgroup, the owner's and the dK warpgroup's threads), or with kDqInDs
+    // its block's dQ read by the dQ thread's store.
     alignas(8) uint64_t ds_free[kDsBuffers];
+    // With kDqInDs, by dS buffer: its dS read by every product, and its block's dQ staged in it.
+    alignas(8) uint64_t ds_read[kDqInDs ? kDsBuffers : 1];
+    alignas(8) uint64_t dq_full[kDqInDs ? kDsBuffers : 1];
     // With a dK warpgroup, by dS buffer: its block's dS written (its owner's 128 threads arrive).
     alignas(8) uint64_t ds_full[kDkWarpgroup ? kDsBuffers : 1];
     // In a cluster, by consumer, peer and exchange parity: the peer's (LSE, D) of each row of the consumer's block

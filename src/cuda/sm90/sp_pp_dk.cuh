@@ -61,7 +61,8 @@ struct SpPpDkWarpgroup {
           warpgroup_mma<size<2>(decltype(tdKsdS.layout()){}), false>(mma_dk, tdKsdS(_, _, _, buf),
                                                                     tdKsQ(_, _, _, q_state.index()), tdKrdK);
         }
-        cutlass::arch::ClusterBarrier::arrive(&st.ds_free[buf]);
+        // dS(g) read here: its buffer freed (or, with kDqInDs, open to its owner's dQ).
+        cutlass::arch::ClusterBarrier::arrive(Cfg::kDqInDs ? &st.ds_read[buf] : &st.ds_free[buf]);
         release_slot(st.q_pipe, q_state);
         trace.mark(PpDkTracePhase::kProduct);
         ++g;

@@ -7,6 +7,8 @@
 //   tile has it), each a batch; then the other's turn opened;
 //   as they complete: the Q slots handed back and both dS buffers announced read; dQ(j) staged in dP(j)'s slot
 //   and the slot handed back: the dP load thread stores dQ(j) from it by TMA before it loads the slot again.
+//   With kDqInDs dP(j)'s slot goes back after the statistics, and dQ(j) is staged in dS(j)'s buffer once every
+//   product has read it, for the dQ thread's store.
 // In a cluster, the statistics of a block whose rows see keys of other CTAs are combined with theirs
 // (sp_pp_exchange.cuh) before dS.
 // S(j + 2) runs during the other consumer's element-wise work and turn, and each warpgroup's exponentials and
@@ -85,9 +87,10 @@ struct SpPpMainloop {
     // dS in buffer 0 (a slot or buffer is one whole tile further).
     const auto dp_addr = matrix_addresses(typename Cfg::CopydP{}.get_thread_slice(tid).partition_S(sdP(_, _, 0)));
     const auto ds_addr = matrix_addresses(typename Cfg::CopydS{}.get_thread_slice(tid).partition_D(sdS(_, _, 0)));
-    // dQ staged in its block's dP slot (SpDqStore), from where the dP load thread stores it.
-    const SpDqStore<Cfg> dq_out{params, st.dp.data()};
-    const auto dq_addr = dq_out.addresses(tid);  // (A, CPY_M, CPY_N) of slot 0
+    // dQ staged in its block's dP slot (SpDqStore), from where the dP load thread stores it; with kDqInDs in its
+    // block's dS buffer, from where the dQ thread stores it.
+    const SpDqStore<Cfg> dq_out{params, Cfg::kDqInDs ? st.ds.data() : st.dp.data()};
+    const auto dq_addr = dq_out.addresses(tid);  // (A, CPY_M, CPY_N) of slot (buffer) 0
 
     // dK_w over a block's rows: its A operand from the block's dS buffer, Q from the block's slot.
     const auto add_dk = [&](int ds_buf, int q_slot) {
@@ -136,6 +139,8 @@ struct SpPpMainloop {
       const bool cut = softmax.cut(m0, n0, n1);
       float m[kRows], f[kRows], fd[kRows];  // (f, fd: l and u until the factors)
       softmax.sums(tSrS, tSrdP, m0, n0, n1, cut, m, f, fd);
+      // (With kDqInDs dP's slot goes back once the sums have consumed every register its ldmatrix filled.)
+      if constexpr (Cfg::kDqInDs) release_slot(st.p_pipe, p_state);
       uint32_t peers = 0;  // (a lone CTA holds every key of its rows)
       if constexpr (Cfg::kCluster > 1) peers = exchange.peers_of(block);
       if (peers != 0) {
@@ -207,10 +212,21 @@ struct SpPpMainloop {
         }
         warpgroup_wait<kAfterDq>();
         warpgroup_fence_operand(tdQrdQ);
-        cutlass::arch::ClusterBarrier::arrive(&st.ds_free[Cfg::ds_buffer(j)]);
-        trace.mark(PpTracePhase::kWaitProducts);
-        dq_out.stage(tdQrdQ, dq_addr, p_state.index(), tid);
-        release_slot(st.p_pipe, p_state);  // (the dP load thread stores dQ from the slot before loading it again)
+        if constexpr (Cfg::kDqInDs) {
+          // dS(j) read by every product (this consumer's dQ, the dK warpgroup's): dQ(j) staged in its buffer, from
+          // where the dQ thread stores it before block j + 3 writes its dS there.
+          const int buf = Cfg::ds_buffer(j);
+          cutlass::arch::ClusterBarrier::arrive(&st.ds_read[buf]);
+          cutlass::arch::ClusterBarrier::wait(&st.ds_read[buf], Cfg::ds_phase(j));
+          trace.mark(PpTracePhase::kWaitProducts);
+          dq_out.stage(tdQrdQ, dq_addr, buf, tid);
+          cutlass::arch::ClusterBarrier::arrive(&st.dq_full[buf]);
+        } else {
+          cutlass::arch::ClusterBarrier::arrive(&st.ds_free[Cfg::ds_buffer(j)]);
+          trace.mark(PpTracePhase::kWaitProducts);
+          dq_out.stage(tdQrdQ, dq_addr, p_state.index(), tid);
+          release_slot(st.p_pipe, p_state);  // (the dP load thread stores dQ from the slot before loading it again)
+        }
         trace.mark(PpTracePhase::kStoreDq);
       };
       constexpr std::false_type kFull{};

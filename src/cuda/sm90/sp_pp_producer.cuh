@@ -3,7 +3,8 @@
 //   loads per tile K into the K buffer of its turn once that buffer's last readers (every consumer thread of the
 //   tile that used it) are done, per block Q into the next slot of the Q ring;
 //   the dP thread reads the tiles from the ring and loads per block dP into the next slot of the dP ring, after
-//   storing the dQ that the slot's previous block left in it.
+//   storing the dQ that the slot's previous block left in it (without kDqInDs);
+//   with kDqInDs, the dQ thread reads the tiles from the ring too and stores each block's dQ from its dS buffer.
 // Two threads, so that neither ring waits on the other: a Q slot is freed a turn later than its block's dP slot.
 #pragma once
 
@@ -94,8 +95,38 @@ struct SpPpProducer {
     }
   }
 
-  // The dP thread. A slot comes back from its block's owner with the block's dQ staged in it: stored by TMA, its
-  // read awaited, then the slot loaded with dP three blocks on. After the last block, the last slots' dQ stored.
+  // Each block of the CTA's tiles, read from the tile ring, in the consumers' order (block g of the CTA is the g-th
+  // call): f(work, walk, head, row block), walk the tile's chunk walk (kChunked; a placeholder otherwise).
+  template <class F>
+  __device__ void for_each_block(F&& f) {
+    KbTileReader<Cfg> tiles(params, st);
+    for (KbTile tile; tiles.next(tile);) {
+      const KbWork<Cfg> work(params.order, tile);
+      if constexpr (Cfg::kChunked) {  // the positions where the CTA sees a chunk
+        const SpChunkWalk walk = Cfg::walk(params, work.nb);
+#pragma unroll 1
+        for (int k = 0; k < walk.positions(); ++k) {
+          const int t = walk.row_block(k);
+          if (walk.seen(t) > 0) f(work, walk, work.kv_head * work.group + walk.head(k), t);
+        }
+      } else {
+        const SpChunkWalk walk{};
+        StepCursor at = work.first();
+#pragma unroll 1
+        for (int t = 0; t < work.steps; ++t) {
+          const int64_t h = at.head;
+          const int mb = at.block;
+          work.advance(at);
+          f(work, walk, h, mb);
+        }
+      }
+    }
+  }
+
+  // The dP thread. Per block the next slot of the dP ring, once its previous block's owner hands it back, loaded
+  // with the block's dP (with chunks, each half of the slot from its chunk's columns). Without kDqInDs the slot
+  // comes back with that block's dQ staged in it, stored by TMA here and its read awaited before the load; after
+  // the last block, the last slots' dQ stored.
   __device__ void load_dp(typename Cfg::PPipeline& p_pipe) {
     const Problem& prob = params.prob;
     const auto& tma = params.tma;
@@ -110,53 +141,52 @@ struct SpPpProducer {
       dq_out.store(at.index(), block[0], block[1], block[2]);
       tma_store_wait<0>();
     };
-    // The next slot taken for row block mb of (b, h): acquired, its previous block's dQ stored, the block recorded.
-    const auto take_slot = [&](int64_t b, int64_t h, int mb) {
+    for_each_block([&](const KbWork<Cfg>& work, const SpChunkWalk& walk, int64_t h, int mb) {
       p_pipe.producer_acquire(state);  // (expects the slot's bytes)
-      store_previous(state);
-      int32_t* block = st.dq_block[state.index()];
-      block[0] = int32_t(b), block[1] = int32_t(h), block[2] = mb;
-    };
-    KbTileReader<Cfg> tiles(params, st);
-    for (KbTile tile; tiles.next(tile);) {
-      const KbWork<Cfg> work(params.order, tile);
-      if constexpr (Cfg::kChunked) {  // dP of the CTA's chunks, each half of the slot from its chunk's columns
-        using CH = typename Cfg::CH;
-        const SpChunkWalk walk = Cfg::walk(params, work.nb);
-        const int chunk[2] = {walk.early(), walk.late()};
-#pragma unroll 1
-        for (int k = 0; k < walk.positions(); ++k) {
-          const int t = walk.row_block(k);
-          if (walk.seen(t) == 0) continue;
-          const int64_t h = work.kv_head * work.group + walk.head(k);
-          take_slot(work.b, h, t);
-          CUTE_UNROLL
-          for (int half = 0; half < 2; ++half) {
-            Tensor gdP = local_tile(mdP(_, _, h, work.b), Shape<BM, CH>{}, make_coord(t, chunk[half]));  // (BM, CH)
-            Tensor sdPh = local_tile(sdP(_, _, state.index()), Shape<BM, CH>{}, make_coord(0, half));  // (BM, CH)
-            tma_load_tile(tma.dp, *p_pipe.producer_get_barrier(state), gdP, sdPh);
-          }
-          ++state;
-        }
-        continue;
+      if constexpr (!Cfg::kDqInDs) {   // the slot's previous dQ stored, this block recorded for its own
+        store_previous(state);
+        int32_t* block = st.dq_block[state.index()];
+        block[0] = int32_t(work.b), block[1] = int32_t(h), block[2] = mb;
       }
-      StepCursor at = work.first();
-#pragma unroll 1
-      for (int t = 0; t < work.steps; ++t, ++state) {
-        const int64_t h = at.head;
-        const int mb = at.block;
-        work.advance(at);
-        take_slot(work.b, h, mb);
+      if constexpr (Cfg::kChunked) {
+        using CH = typename Cfg::CH;
+        const int chunk[2] = {walk.early(), walk.late()};
+        CUTE_UNROLL
+        for (int half = 0; half < 2; ++half) {
+          Tensor gdP = local_tile(mdP(_, _, h, work.b), Shape<BM, CH>{}, make_coord(mb, chunk[half]));  // (BM, CH)
+          Tensor sdPh = local_tile(sdP(_, _, state.index()), Shape<BM, CH>{}, make_coord(0, half));  // (BM, CH)
+          tma_load_tile(tma.dp, *p_pipe.producer_get_barrier(state), gdP, sdPh);
+        }
+      } else {
         Tensor gdP = local_tile(mdP(_, _, h, work.b), Shape<BM, BN>{}, make_coord(mb, work.nb));  // (BM, BN)
         tma_load_tile(tma.dp, *p_pipe.producer_get_barrier(state), gdP, sdP(_, _, state.index()));
       }
-    }
-    // The last blocks' slots (acquired without a load: nobody waits for them to fill).
+      ++state;
+    });
+    if constexpr (!Cfg::kDqInDs) {
+      // The last blocks' slots (acquired without a load: nobody waits for them to fill).
 #pragma unroll 1
-    for (int s = 0; s < Cfg::kPStages; ++s, ++state) {
-      p_pipe.producer_acquire(state);
-      store_previous(state);
+      for (int s = 0; s < Cfg::kPStages; ++s, ++state) {
+        p_pipe.producer_acquire(state);
+        store_previous(state);
+      }
     }
+  }
+
+  // The dQ thread (kDqInDs). Per block g, once its owner has staged its dQ in dS buffer g mod 3 (dq_full), the
+  // block stored (or added, sp_pp_epilogue.cuh) from there by TMA, its read awaited, and the buffer handed to
+  // block g + 3's dS (ds_free).
+  __device__ void store_dq() {
+    const SpDqStore<Cfg> dq_out{params, st.ds.data()};
+    int g = 0;
+    for_each_block([&](const KbWork<Cfg>& work, const SpChunkWalk&, int64_t h, int mb) {
+      const int buf = Cfg::ds_buffer(g);
+      cutlass::arch::ClusterBarrier::wait(&st.dq_full[buf], Cfg::ds_phase(g));
+      dq_out.store(buf, int32_t(work.b), int32_t(h), mb);
+      tma_store_wait<0>();
+      cutlass::arch::ClusterBarrier::arrive(&st.ds_free[buf]);
+      ++g;
+    });
   }
 };
 

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# One device call for an A/B of the pingpong single pass: builds one tree per variant (AB: "name=CUDA flags"
+# entries, ';'-separated; an empty flags part is the control), each with its kernel tests, step benchmark and
+# bench, in parallel; then per variant: the pingpong kernel tests (GpuSpVariants, GpuSpCluster, GpuSpChunks), the
+# step benchmark with its trace, and the seed16 recompute suite (causal bf16, fp16; unmasked bf16), in turns
+# (A B A B…) so that the machine's drift shows as such. At most 8 files come back from a device call: each
+# variant's results files (seed16 causal, step) and one log archive go to $OUT: three variants at most.
+#
+#   AB="main=;dq_in_ds=-DQKSOFTMAX_SM90_SP_DQ_IN_DS" scripts/sp-ab-check.sh   (carry .deps; about 8 minutes)
+# shellcheck disable=SC2086
+cd "$(dirname "$0")/.." || exit 1
+OUT=${OUT:-out/sp-ab-check}
+BUDGET_S=${BUDGET_S:-540}
+AB=${AB:-"main=;dq_in_ds=-DQKSOFTMAX_SM90_SP_DQ_IN_DS"}
+SKIP=${SKIP:-}
+# shellcheck source=scripts/device_stages.sh
+source scripts/device_stages.sh
+
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
+IFS=';' read -r -a variants <<< "$AB"
+jobs=$((16 / ${#variants[@]}))
+for v in "${variants[@]}"; do
+  name=${v%%=*} flags=${v#*=}
+  stage "configure-$name" 60 cmake -S . -B "build/ab-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DQKSOFTMAX_BUILD_TESTS=ON -DQKSOFTMAX_BUILD_BENCH=ON -DQKSOFTMAX_BUILD_PYTHON=OFF "-DCMAKE_CUDA_FLAGS=$flags"
+  stage "build-$name" 330 cmake --build "build/ab-$name" -j $jobs --target qksoftmax_kernel_tests qksoftmax-step \
+    qksoftmax-bench &
+done
+wait
+grep -hE "error|C7518|spill" "$LOGS"/build-*.log | grep -v "0 bytes spill" | head -5
+passed=()
+for v in "${variants[@]}"; do
+  name=${v%%=*}
+  if skipped tests; then passed+=("$name"); continue; fi
+  stage "tests-$name" 90 "build/ab-$name/tests/cpp/qksoftmax_kernel_tests" \
+    --gtest_filter='*GpuSpVariants*:*GpuSpCluster*:*GpuSpChunks*' --gtest_brief=1 && passed+=("$name")
+  echo "$name: $(grep -hE 'PASSED|FAILED' "$LOGS/tests-$name.log" | tr '\n' ' ')"
+done
+for round in 1 2; do
+  to=$LOGS; [ $round = 2 ] && to=$OUT  # (the first round's files in the archive, the second's beside it)
+  for name in "${passed[@]}"; do
+    stage "step-$name-$round" 60 "build/ab-$name/bench/qksoftmax-step" --trace "$to/h200-step-$name.json"
+    grep -E "^kb single_pass" "$LOGS/step-$name-$round.log" | sed "s/^/$name $round: /"
+    stage "seed16-$name-$round" 60 "build/ab-$name/bench/qksoftmax-bench" --suite seed16 --mode recompute \
+      --dtype bf16,fp16 --impl qksoftmax --json "$to/h200-seed16-$name.json" &&
+      suite "$to/h200-seed16-$name.json" | sed "s/^/$round: /"
+  done
+done
+for name in "${passed[@]}"; do
+  stage "seed16-nomask-$name" 60 "build/ab-$name/bench/qksoftmax-bench" --suite seed16 --mode recompute \
+    --dtype bf16 --impl qksoftmax --no-mask --json "$LOGS/h200-seed16-nomask-$name.json" &&
+    suite "$LOGS/h200-seed16-nomask-$name.json"
+done
+tar -czf "$OUT/logs.tar.gz" -C "$LOGS" .

@@ -7,12 +7,13 @@
 //   warpgroup 0    producer: warp 0 (one thread) takes the tiles (dealt statically), publishes them in the tile
 //                  ring and loads K per tile and Q per block (Q ring); warp 1 (one thread) loads dP per block
 //                  (dP ring), which is freed earlier than Q (its owner alone reads it), and stores each block's
-//                  dQ from its dP slot before it loads the slot again;
+//                  dQ from its dP slot before it loads the slot again (with kDqInDs, warp 2 (one thread) stores
+//                  it from the block's dS buffer instead);
 //   warpgroups 1-2 consumers: block g is warpgroup g mod 2's. Its owner computes S = Q Kᵀ (64 rows × 128 keys),
 //                  the row statistics and dS in registers, writes dS to its dS buffer, and in its turn issues
 //                  dK_w += dSᵀ Q for the other's previous block and its own (each warpgroup accumulates dK of
 //                  its 64 keys over every block), dQ = dS K and S of its next block; then stages dQ in the
-//                  block's dP slot (sp_pp_mainloop.cuh).
+//                  block's dP slot, or with kDqInDs its dS buffer (sp_pp_mainloop.cuh).
 // No statistics pass, no workspace, no atomics: the sums run in a fixed order (deterministic by construction).
 #pragma once
 
@@ -112,7 +113,7 @@ struct SpPpConfig {
   // the other consumer's (the first of their turns g and g + 1): four slots, the load of Q(g + 2) starting in the
   // turn of block g − 1. dP of block g is read by its owner's
   // ldmatrix and then holds the block's dQ for its TMA store, which the dP load thread issues and awaits before
-  // it loads the slot again: three slots. K of two tiles, so that the next tile's
+  // it loads the slot again (with kDqInDs it goes back after the owner's sums): three slots. K of two tiles, so that the next tile's
   // K loads under this one. dS of block g is read by its owner's dQ and dK products and by the other consumer's dK
   // product in its next turn: three buffers in rotation, so that a buffer's next writer (block g + 3's owner,
   // after its S(g + 3), which follows that dK product in its own turn) finds it read. Clusters of more than two
@@ -239,7 +240,8 @@ struct SpPpConfig {
   static_assert(kWarpgroupThreads * (kProducerRegs + kConsumers * kConsumerRegs + (kDkWarpgroup ? kDkRegs : 0)) <=
                     kThreads * kLaunchRegs,
                 "the launch allocation holds the roles");
-  // Readers of the tile ring: every consumer thread, the dP load thread and the dK warpgroup's threads.
+  // Readers of the tile ring: every consumer thread, the dP load thread, the dK warpgroup's threads and, with
+  // kDqInDs, the dQ thread.
   static constexpr int kTileReaders =
       kConsumerThreads + 1 + (kDkWarpgroup ? kWarpgroupThreads : 0) + (kDqInDs ? 1 : 0);
   // Q's readers that release its slots: both consumers (each reads every block's Q), or with a dK warpgroup the

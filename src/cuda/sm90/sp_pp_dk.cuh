@@ -2,7 +2,8 @@
 // (two m64 accumulators, 128 registers a thread) and, per block g of the CTA (the consumers' tiles and blocks,
 // read from the same tile ring), as soon as the block's owner has written dS(g) (ds_full), adds dS(g)ᵀ Q(g)
 // (SS, M = 128 keys, N = D, K = 64 rows), awaits it, and frees the dS buffer (ds_free, beside the owner's dQ
-// product) and Q(g)'s slot (beside the owner's S product); at a tile's end it stores dK.
+// product; with kDqInDs, ds_read, after which the owner stages dQ there) and Q(g)'s slot (beside the owner's S
+// product); at a tile's end it stores dK.
 #pragma once
 
 #include <cutlass/arch/barrier.h>

@@ -156,7 +156,7 @@ struct SpPpMainloop {
       FragS16 tSrdS;  // (MMA, 1, 1)
       softmax.ds(tSrS, tSrdP, cut, f, fd, tSrdS);
       trace.mark(PpTracePhase::kSoftmax);
-      // dS(j)'s buffer: block j − 3's products (both consumers') done.
+      // dS(j)'s buffer: block j − 3's products done (with kDqInDs, block j − 3's dQ stored from it).
       if (j >= Cfg::kDsBuffers) cutlass::arch::ClusterBarrier::wait(&st.ds_free[Cfg::ds_buffer(j)], Cfg::ds_phase(j - Cfg::kDsBuffers));
       trace.mark(PpTracePhase::kDsFree);
       store_matrices(ds_addr, uint32_t(Cfg::ds_buffer(j)) * kTileBytes,
@@ -175,7 +175,8 @@ struct SpPpMainloop {
       // consumer's turn opened. Then, as they complete: the Q slots handed back and dS(j − 1) announced read by
       // this consumer; dS(j) announced read (its dK and dQ products done); dQ(j) staged in dP(j)'s slot (its dP
       // in registers since the statistics, each warp its own rows) and the slot handed back to the dP load
-      // thread, which stores dQ(j) from it. S(j + 2) runs on into the other consumer's turn.
+      // thread, which stores dQ(j) from it (with kDqInDs, staged in dS(j)'s buffer once the dK warpgroup has read
+      // it too, for the dQ thread). S(j + 2) runs on into the other consumer's turn.
       cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kTurnBarrier + w);
       trace.mark(PpTracePhase::kTurnWait);
       const auto q_prev = block_state<kQStages>(j - 1);

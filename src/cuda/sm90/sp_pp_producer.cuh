@@ -5,7 +5,8 @@
 //   the dP thread reads the tiles from the ring and loads per block dP into the next slot of the dP ring, after
 //   storing the dQ that the slot's previous block left in it (without kDqInDs);
 //   with kDqInDs, the dQ thread reads the tiles from the ring too and stores each block's dQ from its dS buffer.
-// Two threads, so that neither ring waits on the other: a Q slot is freed a turn later than its block's dP slot.
+// Separate threads, so that neither ring waits on the other: a Q slot is freed a turn later than its block's dP
+// slot, and (kDqInDs) a dQ store waits on its block's turn.
 #pragma once
 
 #include "cuda/sm90/kb_config.h"

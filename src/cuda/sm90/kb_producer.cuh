@@ -14,16 +14,23 @@
 
 namespace qksoftmax::cuda::sm90 {
 
-// K of a tile's key block (keys past Sk arrive as zeros) into the K buffer of its turn, once that buffer's last
-// readers (the tile that used it kKBuffers tiles before) are done; k_loads counts the CTA's K loads so far.
-// mK: K as TMA sees it, (keys, d, key head, batch); sK: (BN, D, KB).
-template <class Cfg, class GlobalK, class SharedK>
-__device__ void kb_load_k(const typename Cfg::Params& params, typename Cfg::Storage& st, const KbWork<Cfg>& work,
-                          const GlobalK& mK, SharedK& sK, int& k_loads) {
+// The K buffer of the CTA's next K load (k_loads counts its K loads so far), once that buffer's last readers (the
+// tile that used it kKBuffers tiles before) are done, its barrier armed for a K tile's bytes.
+template <class Cfg>
+__device__ KBufferUse<Cfg> kb_acquire_k(typename Cfg::Storage& st, int& k_loads) {
   const KBufferUse<Cfg> use(k_loads);
   if (k_loads >= Cfg::kKBuffers) cutlass::arch::ClusterBarrier::wait(&st.k_empty[use.buffer], use.phase ^ 1);
   ++k_loads;
   Cfg::TxBarrier::arrive_and_expect_tx(&st.k_full[use.buffer], Cfg::kKBytes);
+  return use;
+}
+
+// K of a tile's key block (keys past Sk arrive as zeros) into the K buffer of its turn (kb_acquire_k).
+// mK: K as TMA sees it, (keys, d, key head, batch); sK: (BN, D, KB).
+template <class Cfg, class GlobalK, class SharedK>
+__device__ void kb_load_k(const typename Cfg::Params& params, typename Cfg::Storage& st, const KbWork<Cfg>& work,
+                          const GlobalK& mK, SharedK& sK, int& k_loads) {
+  const KBufferUse<Cfg> use = kb_acquire_k<Cfg>(st, k_loads);
   Tensor gK = local_tile(mK(_, _, work.kv_head, work.b), Shape<typename Cfg::BN, typename Cfg::HD>{},
                          make_coord(work.nb, 0));  // (BN, D)
   tma_load_tile(params.tma.k, st.k_full[use.buffer], gK, sK(_, _, use.buffer));

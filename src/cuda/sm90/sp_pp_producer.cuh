@@ -18,18 +18,14 @@
 namespace qksoftmax::cuda::sm90 {
 
 // With chunks (SpPpConfig::kChunked): K of a tile, its early and late chunks into the rows 0-63 and 64-127 of the K
-// buffer of its turn, once that buffer's last readers are done (as kb_load_k). A late chunk past Sk is loaded as
-// TMA's zeros.
+// buffer of its turn (kb_acquire_k). A late chunk past Sk is loaded as TMA's zeros.
 template <class Cfg, class GlobalK, class SharedK>
 __device__ void sp_load_k_chunks(const typename Cfg::Params& params, typename Cfg::Storage& st,
                                  const KbWork<Cfg>& work, const SpChunkWalk& walk, const GlobalK& mK, SharedK& sK,
                                  int& k_loads) {
   using CH = typename Cfg::CH;
   using HD = typename Cfg::HD;
-  const KBufferUse<Cfg> use(k_loads);
-  if (k_loads >= Cfg::kKBuffers) cutlass::arch::ClusterBarrier::wait(&st.k_empty[use.buffer], use.phase ^ 1);
-  ++k_loads;
-  Cfg::TxBarrier::arrive_and_expect_tx(&st.k_full[use.buffer], Cfg::kKBytes);
+  const KBufferUse<Cfg> use = kb_acquire_k<Cfg>(st, k_loads);
   const int chunk[2] = {walk.early(), walk.late()};
   CUTE_UNROLL
   for (int half = 0; half < 2; ++half) {
@@ -63,64 +59,58 @@ struct SpPpProducer {
     for (int index = tiles.first(); tiles.publish(index);) {
       const KbWork<Cfg> work(params.order, params.order.tile(index));
       index = tiles.claim(index);
-      if constexpr (Cfg::kChunked) {  // the walk's positions where the CTA sees a chunk
-        const SpChunkWalk walk = Cfg::walk(params, work.nb);
-        bool k_loaded = false;
-#pragma unroll 1
-        for (int k = 0; k < walk.positions(); ++k) {
-          const int t = walk.row_block(k);
-          if (walk.seen(t) == 0) continue;
-          q_pipe.producer_acquire(state);
-          Tensor gQ = local_tile(mQ(_, _, work.kv_head * work.group + walk.head(k), work.b), Shape<BM, HD>{},
-                                 make_coord(t, 0));  // (BM, D)
-          tma_load_tile(tma.q, *q_pipe.producer_get_barrier(state), gQ, sQ(_, _, state.index()));
-          if (!k_loaded) sp_load_k_chunks<Cfg>(params, st, work, walk, mK, sK, k_loads);
-          k_loaded = true;
-          ++state;
-        }
-        continue;
-      }
-      StepCursor at = work.first();
-#pragma unroll 1
-      for (int t = 0; t < work.steps; ++t, ++state) {
-        const int64_t h = at.head;
-        const int mb = at.block;
-        work.advance(at);
+      bool first = true;
+      tile_blocks(work, [&](const SpChunkWalk& walk, int64_t h, int mb) {
         q_pipe.producer_acquire(state);  // expects the slot's bytes
         trace.mark(KbTracePhase::kAcquire);
         Tensor gQ = local_tile(mQ(_, _, h, work.b), Shape<BM, HD>{}, make_coord(mb, 0));  // (BM, D)
         tma_load_tile(tma.q, *q_pipe.producer_get_barrier(state), gQ, sQ(_, _, state.index()));
-        if (t == 0) kb_load_k<Cfg>(params, st, work, mK, sK, k_loads);  // K of the block, after its first Q
+        if (first) {  // K of the tile, after its first Q
+          if constexpr (Cfg::kChunked) {
+            sp_load_k_chunks<Cfg>(params, st, work, walk, mK, sK, k_loads);
+          } else {
+            kb_load_k<Cfg>(params, st, work, mK, sK, k_loads);
+          }
+        }
+        first = false;
         trace.mark(KbTracePhase::kIssueLoads);
+        ++state;
+      });
+    }
+  }
+
+  // Each block of a tile in the consumers' order: f(walk, head, row block), walk the tile's chunk walk (kChunked:
+  // its positions where the CTA sees a chunk; a placeholder otherwise).
+  template <class F>
+  __device__ void tile_blocks(const KbWork<Cfg>& work, F&& f) const {
+    if constexpr (Cfg::kChunked) {
+      const SpChunkWalk walk = Cfg::walk(params, work.nb);
+#pragma unroll 1
+      for (int k = 0; k < walk.positions(); ++k) {
+        const int t = walk.row_block(k);
+        if (walk.seen(t) > 0) f(walk, work.kv_head * work.group + walk.head(k), t);
+      }
+    } else {
+      const SpChunkWalk walk{};
+      StepCursor at = work.first();
+#pragma unroll 1
+      for (int t = 0; t < work.steps; ++t) {
+        const int64_t h = at.head;
+        const int mb = at.block;
+        work.advance(at);
+        f(walk, h, mb);
       }
     }
   }
 
   // Each block of the CTA's tiles, read from the tile ring, in the consumers' order (block g of the CTA is the g-th
-  // call): f(work, walk, head, row block), walk the tile's chunk walk (kChunked; a placeholder otherwise).
+  // call): f(work, walk, head, row block).
   template <class F>
   __device__ void for_each_block(F&& f) {
     KbTileReader<Cfg> tiles(params, st);
     for (KbTile tile; tiles.next(tile);) {
       const KbWork<Cfg> work(params.order, tile);
-      if constexpr (Cfg::kChunked) {  // the positions where the CTA sees a chunk
-        const SpChunkWalk walk = Cfg::walk(params, work.nb);
-#pragma unroll 1
-        for (int k = 0; k < walk.positions(); ++k) {
-          const int t = walk.row_block(k);
-          if (walk.seen(t) > 0) f(work, walk, work.kv_head * work.group + walk.head(k), t);
-        }
-      } else {
-        const SpChunkWalk walk{};
-        StepCursor at = work.first();
-#pragma unroll 1
-        for (int t = 0; t < work.steps; ++t) {
-          const int64_t h = at.head;
-          const int mb = at.block;
-          work.advance(at);
-          f(work, walk, h, mb);
-        }
-      }
+      tile_blocks(work, [&](const SpChunkWalk& walk, int64_t h, int mb) { f(work, walk, h, mb); });
     }
   }
 

@@ -753,6 +753,106 @@ TEST(Sm90Layouts, ChunkWalk) {
   }
 }
 
+// Mirrored pairs (KbTileOrder::pair_heads, the pingpong single pass's causal clusters of C = Sk / 128 CTAs): the
+// static walk (first_tile, next_tile) of a grid of whole clusters gives every (head, key block) to one CTA, CTA c
+// holding key block c mod C of even heads (rows walked down) and C − 1 − that of odd ones (rows walked up), the two
+// heads of a pair one after the other. Every row block that CTAs share is the same consumer's in each (its index
+// among each CTA's blocks of one parity), and the cluster's CTAs, each waiting for the others at a shared row
+// block, finish without a deadlock: with square rows, one query head per key head and whole pairs, in 2C + 2
+// steps per pair (against 2C per head one at a time).
+struct PairedBlock {
+  int head, query_head, row_block;
+  bool operator==(const PairedBlock& o) const {
+    return head == o.head && query_head == o.query_head && row_block == o.row_block;
+  }
+};
+
+void check_paired_walk(int clusters, int heads, int row_blocks, int group, int grid_clusters) {
+  SCOPED_TRACE(testing::Message() << "C " << clusters << ", heads " << heads << ", T " << row_blocks << ", group "
+                                  << group << ", clusters in the grid " << grid_clusters);
+  using Order = KbTileOrder<64, 128>;
+  Order order{};
+  order.key_blocks = clusters, order.heads = heads, order.hk = heads, order.row_blocks = row_blocks;
+  order.group = group, order.causal = true;
+  if (!order.pairable()) return;
+  order.pair_heads();
+  const int grid = std::min((heads + 1) / 2, grid_clusters) * clusters;
+  std::vector<int> taken(size_t(order.tiles()), 0);
+  std::vector<std::vector<PairedBlock>> blocks(static_cast<size_t>(grid));  // each CTA's blocks in its consumers' order
+  for (int c = 0; c < grid; ++c) {
+    const int rank = c % clusters;
+    int previous_head = -1;
+    for (int i = order.first_tile(c); i < order.tiles(); i = order.next_tile(i, grid)) {
+      ++taken[size_t(i)];
+      const KbTile tile = order.tile(i);
+      const int head = tile.b * heads + tile.kv_head;
+      ASSERT_EQ(tile.nb, head % 2 == 0 ? rank : clusters - 1 - rank) << "tile " << i;
+      ASSERT_EQ(tile.mirrored, head % 2 == 1);
+      ASSERT_EQ(tile.descending, head % 2 == 0);
+      if (head % 2 == 1) EXPECT_EQ(previous_head, head - 1) << "a pair's heads one after the other";
+      previous_head = head;
+      const int first = order.first_row_block(tile.nb);
+      for (int qh = 0; qh < group; ++qh) {
+        for (int t = first; t < row_blocks; ++t) {
+          blocks[size_t(c)].push_back({head, qh, tile.descending ? row_blocks - 1 - (t - first) : t});
+        }
+      }
+    }
+  }
+  EXPECT_EQ(std::count(taken.begin(), taken.end(), 1), int64_t(order.tiles())) << "tiles not dealt once";
+
+  // The cluster's steps: a CTA takes its next block once every CTA that shares it has it next.
+  for (int k = 0; k < grid / clusters; ++k) {
+    std::vector<size_t> next(size_t(clusters), 0);
+    std::vector<int> time(size_t(clusters), 0);
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (int r = 0; r < clusters; ++r) {
+        const auto& mine = blocks[size_t(k * clusters + r)];
+        if (next[size_t(r)] == mine.size()) continue;
+        const PairedBlock b = mine[next[size_t(r)]];
+        std::vector<int> sharers;
+        bool due = true;
+        for (int q = 0; q < clusters; ++q) {
+          const auto& theirs = blocks[size_t(k * clusters + q)];
+          if (std::find(theirs.begin(), theirs.end(), b) == theirs.end()) continue;
+          sharers.push_back(q);
+          due = due && next[size_t(q)] < theirs.size() && theirs[next[size_t(q)]] == b;
+        }
+        if (!due) continue;
+        for (int q : sharers) {
+          EXPECT_EQ(next[size_t(q)] % 2, next[size_t(r)] % 2)
+              << "row block " << b.row_block << " of head " << b.head << ": two consumers";
+        }
+        int at = 0;
+        for (int q : sharers) at = std::max(at, time[size_t(q)] + 1);
+        for (int q : sharers) time[size_t(q)] = at, ++next[size_t(q)];
+        moved = true;
+      }
+    }
+    for (int r = 0; r < clusters; ++r) {
+      ASSERT_EQ(next[size_t(r)], blocks[size_t(k * clusters + r)].size()) << "CTA " << r << " of cluster " << k
+                                                                          << " waits forever";
+    }
+    if (row_blocks == 2 * clusters && group == 1 && heads % 2 == 0) {
+      const int cluster_pairs = int(blocks[size_t(k * clusters)].size()) / (2 * clusters + 2);
+      EXPECT_EQ(*std::max_element(time.begin(), time.end()), (2 * clusters + 2) * cluster_pairs);
+    }
+  }
+}
+
+TEST(Sm90Layouts, PairedWalk) {
+  for (int clusters : {2, 4, 8}) {
+    for (int heads : {1, 2, 3, 6, 37}) {
+      for (int row_blocks : {1, 3, 2 * clusters - 1, 2 * clusters, 2 * clusters + 1}) {
+        for (int group : {1, 2, 3}) {
+          for (int grid_clusters : {1, 2, 16}) check_paired_walk(clusters, heads, row_blocks, group, grid_clusters);
+        }
+      }
+    }
+  }
+}
+
 // The counter's hand-out (kb_claimed_tile): CTA c starts on tile c; each tile a CTA runs costs it one claim, made in
 // any order among the CTAs; between them they take every tile once, each CTA's last claim is the end of work
 // (the order's tile count), and the counter ends at the tile count (so it never overflows 31 bits). Also with

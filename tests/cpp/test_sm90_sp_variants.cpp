@@ -150,7 +150,11 @@ TEST_P(GpuSpCluster, AgainstCpuAndItself) { check_cluster(GetParam(), false); }
 
 // Clusters of 2, 4 and 8: square causal and unmasked heads, grouped query heads, more heads than clusters fit at
 // once (each CTA several tiles, both K buffers and every statistics slot reused), rows that see none of the last
-// CTAs' keys (Sq < Sk, causal), an odd number of row blocks, keys past Sk in the last CTA, rows past Sq.
+// CTAs' keys (Sq < Sk, causal), an odd number of row blocks, keys past Sk in the last CTA, rows past Sq. Causal
+// heads go in mirrored pairs (KbTileOrder::pair_heads): an odd number of heads (a last one alone), pairs where a
+// CTA has no rows in one head of the pair (300 rows of 448 keys, two query heads a key head), an odd number of row
+// blocks that every CTA sees (960), and heads one at a time where pairs would split the consumers' parity (300
+// rows of 448 keys, one query head a key head; 63 rows of 1024).
 std::vector<Case> cluster_cases() {
   const int64_t wide = small_shapes() ? 40 : 150;
   return {{.B = 2, .Hq = 4, .Hk = 2, .Sq = 256, .Sk = 256, .D = 128},
@@ -164,7 +168,12 @@ std::vector<Case> cluster_cases() {
           {.B = 1, .Hq = wide, .Hk = wide, .Sq = 512, .Sk = 512, .D = 128},
           {.B = 1, .Hq = 2, .Hk = 1, .Sq = 1024, .Sk = 1024, .D = 128},
           {.B = 1, .Hq = 2, .Hk = 2, .Sq = 1000, .Sk = 1000, .D = 128, .mask = Mask::kNone},
-          {.B = 1, .Hq = 2, .Hk = 2, .Sq = 63, .Sk = 1024, .D = 128}};
+          {.B = 1, .Hq = 2, .Hk = 2, .Sq = 63, .Sk = 1024, .D = 128},
+          {.B = 1, .Hq = 3, .Hk = 3, .Sq = 1024, .Sk = 1024, .D = 128},
+          {.B = 3, .Hq = 1, .Hk = 1, .Sq = 256, .Sk = 256, .D = 128},
+          {.B = 1, .Hq = 4, .Hk = 2, .Sq = 300, .Sk = 448, .D = 128},
+          {.B = 1, .Hq = 2, .Hk = 2, .Sq = 960, .Sk = 960, .D = 128},
+          {.B = 2, .Hq = 3, .Hk = 3, .Sq = 512, .Sk = 512, .D = 128}};
 }
 
 INSTANTIATE_TEST_SUITE_P(Edges, GpuSpCluster, ::testing::ValuesIn(cluster_cases()), param_name);

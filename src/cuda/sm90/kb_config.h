@@ -52,6 +52,13 @@ struct StepCursor {
       ++head;
     }
   }
+  // The row blocks from the last down (KbTile::descending), each query head's in turn.
+  __device__ void retreat(int first, int end) {
+    if (block-- == first) {
+      block = end - 1;
+      ++head;
+    }
+  }
 };
 
 // kDirectDq: each step's dQ partial, finished (KbFinish), is rounded to 16 bits and added into dQ itself (rows of
@@ -222,6 +229,7 @@ struct KbConfig {
   static constexpr int kKBuffers = sizeof(StorageOf<2>) <= size_t(kSm90SmemPerCta) ? 2 : 1;
   // Tiles claimed from the tile counter as CTAs come free (kb_scheduler.h), not dealt statically.
   static constexpr bool kStaticTiles = false;
+  static constexpr bool kPairs = false;  // (KbTileOrder::pair_heads: never)
   using KB = Int<kKBuffers>;
   using Storage = StorageOf<kKBuffers>;
   static constexpr int kSmemBytes = int(sizeof(Storage));
@@ -255,6 +263,7 @@ template <class Cfg>
 struct KbWork {
   int64_t b, kv_head, n0, group;
   int nb, first_row_block, row_blocks, steps;
+  bool descending, mirrored;  // (KbTile; read where Cfg::kPairs)
 
   __device__ KbWork(const typename Cfg::TileOrder& order, const KbTile& tile)
       : b(tile.b),
@@ -264,9 +273,19 @@ struct KbWork {
         nb(tile.nb),
         first_row_block(order.first_row_block(tile.nb)),
         row_blocks(order.row_blocks),
-        steps(order.steps(tile.nb)) {}
-  __device__ StepCursor first() const { return {kv_head * group, first_row_block}; }
-  __device__ void advance(StepCursor& at) const { at.advance(first_row_block, row_blocks); }
+        steps(order.steps(tile.nb)),
+        descending(tile.descending),
+        mirrored(tile.mirrored) {}
+  __device__ StepCursor first() const {
+    return {kv_head * group, Cfg::kPairs && descending ? row_blocks - 1 : first_row_block};
+  }
+  __device__ void advance(StepCursor& at) const {
+    if (Cfg::kPairs && descending) {
+      at.retreat(first_row_block, row_blocks);
+    } else {
+      at.advance(first_row_block, row_blocks);
+    }
+  }
 };
 
 // The load thread's side of the tile ring: it takes the CTA's first tile, its own index, without the counter,
@@ -282,7 +301,7 @@ class KbTileWriter {
   using TilePipeline = typename Cfg::TilePipeline;
   __device__ KbTileWriter(const typename Cfg::Params& params, typename Cfg::Storage& st) : params_(params), st_(st) {}
 
-  __device__ int first() const { return int(blockIdx.x); }
+  __device__ int first() const { return params_.order.template first_tile<Cfg::kPairs>(int(blockIdx.x)); }
 
   // Publishes `index` to the readers; whether it is a tile (not the end of work).
   __device__ bool publish(int index) {
@@ -302,7 +321,7 @@ class KbTileWriter {
   // The index of the CTA's next tile after `current` (kb_claimed_tile; dealt statically: `grid` past it).
   __device__ int claim(int current) const {
     if constexpr (Cfg::kStaticTiles) {
-      return kb_claimed_tile(current, int(gridDim.x), params_.order.tiles());
+      return params_.order.template next_tile<Cfg::kPairs>(current, int(gridDim.x));
     } else {
       return kb_claimed_tile(atomicAdd(params_.tile_counter, 1), int(gridDim.x), params_.order.tiles());
     }
@@ -335,7 +354,7 @@ class KbTileReader {
     const int index = load_shared_s32(smem_addr(&st_.tile_index[state.index()]));
     pipe.consumer_release(state);
     if (index >= params_.order.tiles()) return false;
-    tile = params_.order.tile(index);
+    tile = params_.order.template tile<Cfg::kPairs>(index);
     return true;
   }
 

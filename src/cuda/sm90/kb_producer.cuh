@@ -65,7 +65,7 @@ struct KbProducer {
     int k_loads = 0;  // tiles with steps so far
     KbTileWriter<Cfg> tiles(params, st);
     for (int index = tiles.first(); tiles.publish(index);) {
-      const KbWork<Cfg> work(params.order, params.order.tile(index));
+      const KbWork<Cfg> work(params.order, params.order.template tile<Cfg::kPairs>(index));
       if (work.steps == 0) index = tiles.claim(index);
       StepCursor at = work.first();
       // Not unrolled: the claim's result and the steps' coordinates, in unrolled copies, outgrow the producer

@@ -41,7 +41,9 @@ namespace qksoftmax::cuda::sm90 {
 constexpr int64_t kKbSectionL2Bytes = int64_t(8) << 20;
 
 struct KbTile {
-  int b, kv_head, nb;  // batch, key head, block of keys
+  int b, kv_head, nb;       // batch, key head, block of keys
+  bool descending = false;  // its row blocks walked from the last (KbTileOrder::paired)
+  bool mirrored = false;    // CTA r of its cluster holds key block C − 1 − r, not r (KbTileOrder::paired)
 };
 
 // A problem's tiles in the order the CTAs take them, and the steps of each (host and device; the launch
@@ -58,6 +60,7 @@ struct KbTileOrder {
   int row_blocks;     // per query head
   int group;          // query heads per key head
   bool causal;
+  bool paired = false;  // pair_heads()
 
   // `head_bytes`: what the key blocks of one (batch, key head) share through L2 (Q and the dQ target of its
   // query heads).
@@ -82,10 +85,49 @@ struct KbTileOrder {
     section = 1;
     wide_sections = heads;
   }
+  // Causal rows in clusters (the pingpong single pass, by_head): heads 2p and 2p + 1 are one cluster's, one after
+  // the other, so that its CTAs share the causal work evenly (docs/DESIGN.md, "Mirrored pairs"). In head 2p CTA r
+  // holds key block r and walks its row blocks from the last down, in head 2p + 1 it holds key block C − 1 − r and
+  // walks them up: CTA r's 2C − 2r blocks of the first head end as its first block of the second comes due at the
+  // other CTAs' pace (C = key_blocks, 2C row blocks, one query head per key head: row block i of the first head
+  // at step 2C − 1 − i, of the second at step i + 2), and every CTA runs 2C + 2 steps per pair, against 2C per head
+  // when CTA 0's keys set the cluster's pace. The rows that two CTAs share are walked in one order by both, and each
+  // CTA's row block i is its consumer (i + g0) mod 2's (g0: its blocks before the head, even for every CTA of the
+  // cluster where pairable() holds), as the statistics' exchange needs.
+  void pair_heads() {
+    by_head();
+    paired = true;
+  }
+  // Whether pairing keeps the CTAs' counts of blocks of even parity before every head: each head's blocks of a
+  // CTA are (row_blocks − first_row_block) · group, of the parity of row_blocks · group, or 0 where the CTA's keys
+  // are past every row.
+  CUTE_HOST_DEVICE bool pairable() const {
+    return (row_blocks * group) % 2 == 0 || first_row_block(key_blocks - 1) < row_blocks;
+  }
   CUTE_HOST_DEVICE int tiles() const { return key_blocks * heads; }
+  // The static walk (one CTA per tile where there are fewer tiles than CTAs, else CTA c's tiles c, c + grid, …):
+  // the first tile of CTA c and the tile after `current`, `tiles()` past the last. Paired: the cluster of CTAs
+  // [C k, C k + C) takes heads 2k and 2k + 1, then 2k + 2·grid/C and the next, … (tile i: head i / C, CTA i mod C).
+  // kMayPair false: the caller's kernel never pairs (its code then has no branch for it).
+  template <bool kMayPair = true>
+  CUTE_HOST_DEVICE int first_tile(int cta) const {
+    return kMayPair && paired ? 2 * cta - cta % key_blocks : cta;
+  }
+  template <bool kMayPair = true>
+  CUTE_HOST_DEVICE int next_tile(int current, int grid) const {
+    const int64_t step =
+        !(kMayPair && paired) ? grid : (current / key_blocks) % 2 == 0 ? key_blocks : 2 * int64_t(grid) - key_blocks;
+    return current + step < tiles() ? int(current + step) : tiles();
+  }
 
-  // Tile i of the order: its section, then nb, then the head within the section.
+  // Tile i of the order: its section, then nb, then the head within the section (paired: above).
+  template <bool kMayPair = true>
   CUTE_HOST_DEVICE KbTile tile(int i) const {
+    if (kMayPair && paired) {
+      const int head = i / key_blocks, rank = i % key_blocks;
+      const bool mirrored = head % 2 == 1;
+      return {head / hk, head % hk, mirrored ? key_blocks - 1 - rank : rank, !mirrored, mirrored};
+    }
     const int wide_tiles = wide_sections * section * key_blocks;
     const bool wide = i < wide_tiles;
     const int width = wide ? section : section - 1;

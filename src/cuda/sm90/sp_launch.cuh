@@ -1,9 +1,10 @@
 // Host side of the pingpong single pass (sp_pp_config.h): rows of up to 128 keys (one CTA) or 128·C (clusters of
 // C CTAs), recompute mode; the step loads as the key-block pass's (kb_loads), the tile order (kb_scheduler.h: a
-// (batch, key head)'s key blocks consecutive, one per CTA of its cluster) and the grid: one persistent CTA per SM
-// (or as many clusters as fit at once), or one per tile where there are fewer. No workspace. One CTA stores
-// every dQ row once (by TMA: dQ in its reach); in a cluster the row blocks that CTA 0 alone sees are stored
-// by it, the others added by each CTA into dQ cleared first (sp_clear_dq_kernel). dK is stored once per tile.
+// (batch, key head)'s key blocks consecutive, one per CTA of its cluster; causal heads in mirrored pairs) and the
+// grid: one persistent CTA per SM (or as many clusters as fit at once), or one per tile (pair) where there are fewer.
+// No workspace. One CTA stores every dQ row once (by TMA: dQ in its reach); in a cluster the row blocks that the
+// CTA of key block 0 alone sees are stored by it, the others added by each CTA into dQ cleared first
+// (sp_clear_dq_kernel). dK is stored once per tile.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,6 +22,14 @@
 namespace qksoftmax::cuda {
 
 namespace sm90 {
+// Causal heads in mirrored pairs (KbTileOrder::pair_heads); QKSOFTMAX_SM90_SP_NO_PAIRS, an A/B build's knob, takes
+// them one at a time.
+#ifdef QKSOFTMAX_SM90_SP_NO_PAIRS
+constexpr bool kSm90SpPairs = false;
+#else
+constexpr bool kSm90SpPairs = true;
+#endif
+
 // dQ's rows [first_row, sq) of every (batch, query head) cleared (as dq_target gives them, kHeadDim 16-bit values
 // in 16-byte vectors): the rows of the blocks that the CTAs of a cluster share, which they add into
 // (SpPpConfig::shared_block); the others are stored.
@@ -78,7 +87,11 @@ Status run_sm90_single_pass(const Problem& prob, CUstream_st* stream, [[maybe_un
       return {Code::kInternal, std::string(kName) + ": a cluster of " + std::to_string(kCluster) +
                                    " CTAs for rows of " + std::to_string(prob.Sk) + " keys"};
     }
-    params.order.by_head();  // the cluster of tile indices [C i, C i + C) takes head i
+    // The cluster of tile indices [C i, C i + C) takes head i; causal heads in mirrored pairs (KbTileOrder::
+    // pair_heads), where the CTAs' parities allow it.
+    params.order.by_head();
+    if (sm90::kSm90SpPairs && SpCfg::kPairs && prob.keys().causal && params.order.pairable()) params.order.pair_heads();
+    const int64_t cluster_tiles = params.order.paired ? (tiles + 1) / 2 : tiles;
     params.tma_dq_add = make_tma_copy(cute::SM90_TMA_REDUCE_ADD{}, dq, typename SpCfg::SmemLayoutdQ{});
     if (Status s = take_tma_failure(kName); !s.ok()) return s;  // (before dQ is cleared: nothing written)
     Status status;
@@ -95,8 +108,8 @@ Status run_sm90_single_pass(const Problem& prob, CUstream_st* stream, [[maybe_un
           <<<unsigned(clear_blocks), sm90::kClearThreads, 0, stream>>>(target, prob.Hq, prob.Sq, first_row, rows);
       if (Status s = launch_status("sm90 single pass (dQ cleared)"); !s.ok()) return s;
     }
-    return launch<SpCfg>(sm90::sp_pp_kernel<SpCfg>, kName, std::min<int64_t>(tiles, resident) * kCluster, params,
-                         stream, kCluster);
+    return launch<SpCfg>(sm90::sp_pp_kernel<SpCfg>, kName, std::min<int64_t>(cluster_tiles, resident) * kCluster,
+                         params, stream, kCluster);
   }
 }
 

@@ -66,10 +66,10 @@ struct SpPpConfig {
   static constexpr bool kSavedP = false;    // (kb_epilogue.cuh's KbFinish reads it)
   static constexpr int kBlockM = 64;        // rows per block (one wgmma M)
   static constexpr int kBlockN = 128;       // keys per CTA
-  // CTAs per cluster: CTA r of a cluster holds keys [128 r, 128 r + 128) of the cluster's (batch, key head), and
-  // the CTAs that hold keys of a row block exchange its rows' partial statistics (SpPpExchange); each adds its
-  // dQ partial of a shared block into dQ (cleared before) by TMA, CTA 0 stores those it alone sees
-  // (shared_block). One CTA: no exchange, dQ stored.
+  // CTAs per cluster: CTA r of a cluster holds keys [128 r, 128 r + 128) of the cluster's (batch, key head) (in a
+  // mirrored tile, KbTileOrder::paired, key block C − 1 − r), and the CTAs that hold keys of a row block exchange
+  // its rows' partial statistics (SpPpExchange); each adds its dQ partial of a shared block into dQ (cleared
+  // before) by TMA, key block 0's CTA stores those it alone sees (shared_block). One CTA: no exchange, dQ stored.
   static constexpr int kCluster = kCluster_;
   static_assert(kCluster == 1 || kCluster == 2 || kCluster == 4 || kCluster == 8,
                 "clusters of 1, 2, 4 or 8 CTAs (a portable cluster: rows of up to 1024 keys)");
@@ -93,6 +93,8 @@ struct SpPpConfig {
   static constexpr int kConsumers = 2;
   static constexpr int kHalf = kBlockN / kConsumers;  // keys of a consumer's dK
   static constexpr bool kStaticTiles = true;          // KbTileWriter::claim: CTA c's tiles are c, c + grid, …
+  // Causal heads in mirrored pairs (KbTileOrder::pair_heads) where the launch pairs them: clusters of contiguous keys.
+  static constexpr bool kPairs = kCluster_ > 1 && !kChunked_;
   // kDkWarpgroup (dispatched; false gives the step benchmark's and kernel tests' second form, where each consumer
   // holds dK of its 64 keys): a fourth warpgroup holds dK of all 128 keys and adds each block's dSᵀ Q as soon as
   // its owner has written dS (sp_pp_dk.cuh), so that the consumers hold no dK accumulator and their turns carry
@@ -231,11 +233,11 @@ struct SpPpConfig {
   static constexpr int kDpWarp = 1;     // dP
   static constexpr int kDqWarp = 2;     // dQ's stores (kDqInDs)
   // With a dK warpgroup the consumers give up dK's 64 registers and the dK warpgroup holds all 128 keys' (128).
-  // With chunks the load threads walk every position of a head (SpChunkWalk): 24 registers spilled there, 32 do not;
-  // the dK warpgroup gives up the 8.
-  static constexpr int kProducerRegs = kChunked ? 32 : 24;
+  // The load threads' walks (a head's chunk positions, the static walk of mirrored pairs) spill at 24 registers,
+  // not at 32: the dK warpgroup gives up the 8. Without it the consumers' 240 leave the producers 24.
+  static constexpr int kProducerRegs = kDkWarpgroup ? 32 : 24;
   static constexpr int kConsumerRegs = kDkWarpgroup ? 160 : 240;
-  static constexpr int kDkRegs = kChunked ? 160 : 168;
+  static constexpr int kDkRegs = 160;
   static constexpr int kLaunchRegs = 64 * 1024 / kThreads / 8 * 8;
   static_assert(kWarpgroupThreads * (kProducerRegs + kConsumers * kConsumerRegs + (kDkWarpgroup ? kDkRegs : 0)) <=
                     kThreads * kLaunchRegs,
@@ -282,7 +284,7 @@ struct SpPpConfig {
     typename PPipeline::SharedStorage p_pipe;
     typename TilePipeline::SharedStorage tile_pipe;
     int tile_index[kTileSlots];
-    int32_t dq_block[kPStages][3];  // by dP slot: its block's (batch, head, row block), for the dQ store (dP thread)
+    int32_t dq_block[kPStages][4];  // by dP slot: its block's (batch, head, row block, key block), for the dQ store
     alignas(8) uint64_t k_full[kKBuffers];   // K of a tile loaded (TMA's transaction count)
     alignas(8) uint64_t k_empty[kKBuffers];  // its last products, every consumer thread's, complete
     // By dS buffer: free for the dS of its next block, its block's three products done (every consumer thread
@@ -312,8 +314,8 @@ struct SpPpConfig {
 
   // Whether row block `mb` of key block `nb`'s CTA is shared with other CTAs of the cluster, its dQ then added into
   // dQ cleared first, or the CTA's alone, its dQ stored. The rows that see key block 1 see key block 0 as well
-  // (causal masks cut keys past the row): CTA 0 shares the blocks from key block 1's first on, the others share
-  // every block of theirs (with CTA 0).
+  // (causal masks cut keys past the row): key block 0's CTA shares the blocks from key block 1's first on, the
+  // others share every block of theirs (with key block 0's).
   CUTE_HOST_DEVICE static bool shared_block(const TileOrder& order, int nb, int mb) {
     return kCluster > 1 && (nb > 0 || mb >= order.first_row_block(1));
   }

@@ -49,15 +49,15 @@ struct SpDqStore {
 
   // One thread: staging tile `tile` (every row of it staged and released) stored as dQ row block `mb` (rows
   // [64 mb, 64 mb + 64)) of (b, head) by one TMA, or added into it where the block is shared with other CTAs of
-  // the cluster (SpPpConfig::shared_block: a CTA's key block is its rank); rows past Sq are clipped. The caller
+  // the cluster (SpPpConfig::shared_block of the CTA's key block `nb`); rows past Sq are clipped. The caller
   // awaits the TMA's read before the tile is written again (tma_store_wait).
-  __device__ void store(int tile, int32_t b, int32_t head, int32_t mb) const {
+  __device__ void store(int tile, int32_t b, int32_t head, int32_t mb, int32_t nb) const {
     const Problem& prob = params.prob;
     Tensor sdQ = make_tensor(make_smem_ptr(base + tile * cosize_v<typename Cfg::SmemLayoutdQ>),
                              typename Cfg::SmemLayoutdQ{});  // (BM, D)
     const auto dq_shape = make_shape(int32_t(prob.Sq), HD{}, int32_t(prob.Hq), int32_t(prob.B));
     bool shared = false;
-    if constexpr (Cfg::kCluster > 1) shared = Cfg::shared_block(params.order, int(cute::block_rank_in_cluster()), mb);
+    if constexpr (Cfg::kCluster > 1) shared = Cfg::shared_block(params.order, nb, mb);
     if (shared) {
       Tensor gdQ = local_tile(params.tma_dq_add.get_tma_tensor(dq_shape)(_, _, head, b), Shape<BM, HD>{},
                               make_coord(mb, 0));  // (BM, D)

@@ -1,6 +1,6 @@
 // The pingpong single pass's row statistics across a cluster (sp_pp_config.h, kCluster): CTA r of a cluster holds
-// keys [128 r, 128 r + 128) of a (batch, key head) and walks the row blocks that see them (causal: from row block
-// 2r). A row block is a block of every CTA whose keys it sees, of the same consumer warpgroup in each (the blocks
+// keys [128 r, 128 r + 128) of a (batch, key head) (in a mirrored tile, KbTileOrder::paired, key block C − 1 − r)
+// and walks the row blocks that see them (causal: from row block 2r, or down to it). A row block is a block of every CTA whose keys it sees, of the same consumer warpgroup in each (the blocks
 // a CTA skips are an even number per head). Its owner in each CTA reduces its rows over its own keys
 // (SpPpSoftmax::sums), pushes each row's (LSE_r, D_r) over those keys, in log2 units, into a slot of every other
 // CTA of the row block (st.async completing bytes on the slot's barrier, awaited at CTA scope), and combines the
@@ -29,6 +29,7 @@ struct SpPpExchange {
   const typename Cfg::TileOrder& order;
   int w;                // this consumer
   int rank;             // this CTA's
+  bool mirrored = false;  // the tile's (KbTile): CTA r holds key block C − 1 − r
   uint32_t counts = 0;  // by peer p, bits [2p, 2p + 2): this consumer's exchanges with it so far, modulo 4
 
   // The rank of peer p (the other CTAs, by rank), and this CTA's index among the peers of CTA `of`.
@@ -37,12 +38,15 @@ struct SpPpExchange {
   __device__ uint32_t count(int p) const { return (counts >> (kCountBits * p)) & 3u; }
   __device__ int slot(int p) const { return Cfg::stats_slot(w, p, int(count(p) % Cfg::kStatsSlots)); }
 
-  // The peers whose keys row block `block` sees (bit p: peer p; CTA r's key block is r, the tile order gives its
-  // first row block): the block's statistics are exchanged with them, none where 0.
+  // The peers whose keys row block `block` sees (bit p: peer p; CTA r's key block is r, or C − 1 − r in a mirrored
+  // tile, the tile order gives its first row block): the block's statistics are exchanged with them, none where 0.
   __device__ uint32_t peers_of(int block) const {
     uint32_t peers = 0;
     CUTE_UNROLL
-    for (int p = 0; p < kPeers; ++p) peers |= uint32_t(block >= order.first_row_block(peer_rank(p))) << p;
+    for (int p = 0; p < kPeers; ++p) {
+      const int nb = mirrored ? kPeers - peer_rank(p) : peer_rank(p);
+      peers |= uint32_t(block >= order.first_row_block(nb)) << p;
+    }
     return peers;
   }
 

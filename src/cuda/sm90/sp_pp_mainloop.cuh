@@ -263,6 +263,7 @@ struct SpPpMainloop {
     for (KbTile tile; tiles.next(tile);) {
       const KbWork<Cfg> work(params.order, tile);
       const KBufferUse<Cfg> k_use(k_loads);
+      exchange.mirrored = work.mirrored;
       if constexpr (Cfg::kChunked) {
         // The walk's positions, position k of the tile consumer (turns + k) mod 2's in every CTA of the cluster: a
         // block where this CTA sees a chunk, a turn passed on where it sees none.

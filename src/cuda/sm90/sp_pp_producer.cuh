@@ -57,7 +57,7 @@ struct SpPpProducer {
     int k_loads = 0;  // tiles with blocks so far
     KbTileWriter<Cfg> tiles(params, st);
     for (int index = tiles.first(); tiles.publish(index);) {
-      const KbWork<Cfg> work(params.order, params.order.tile(index));
+      const KbWork<Cfg> work(params.order, params.order.template tile<Cfg::kPairs>(index));
       index = tiles.claim(index);
       bool first = true;
       tile_blocks(work, [&](const SpChunkWalk& walk, int64_t h, int mb) {
@@ -129,7 +129,7 @@ struct SpPpProducer {
     const auto store_previous = [&](const cutlass::PipelineState<Cfg::kPStages>& at) {
       if (at.count() < uint32_t(Cfg::kPStages)) return;
       const int32_t* block = st.dq_block[at.index()];
-      dq_out.store(at.index(), block[0], block[1], block[2]);
+      dq_out.store(at.index(), block[0], block[1], block[2], Cfg::kCluster > 1 ? block[3] : 0);
       tma_store_wait<0>();
     };
     for_each_block([&](const KbWork<Cfg>& work, const SpChunkWalk& walk, int64_t h, int mb) {
@@ -138,6 +138,7 @@ struct SpPpProducer {
         store_previous(state);
         int32_t* block = st.dq_block[state.index()];
         block[0] = int32_t(work.b), block[1] = int32_t(h), block[2] = mb;
+        if constexpr (Cfg::kCluster > 1) block[3] = work.nb;
       }
       if constexpr (Cfg::kChunked) {
         using CH = typename Cfg::CH;
@@ -173,7 +174,7 @@ struct SpPpProducer {
     for_each_block([&](const KbWork<Cfg>& work, const SpChunkWalk&, int64_t h, int mb) {
       const int buf = Cfg::ds_buffer(g);
       cutlass::arch::ClusterBarrier::wait(&st.dq_full[buf], Cfg::ds_phase(g));
-      dq_out.store(buf, int32_t(work.b), int32_t(h), mb);
+      dq_out.store(buf, int32_t(work.b), int32_t(h), mb, work.nb);
       tma_store_wait<0>();
       cutlass::arch::ClusterBarrier::arrive(&st.ds_free[buf]);
       ++g;

@@ -78,17 +78,20 @@ bool sm90_single_pass(const Problem& prob) { return sm90_tma_ready(prob) && sm90
 // fill the GPU or are short: with fewer CTAs than SMs and more than kSm90SpMaxSteps steps a tile, the row-block
 // tiles of the other backward kernels spread the work wider. Returns the cluster size, or 0 where not taken.
 // The largest clusters taken, by mask (H200, seed16 bf16, recompute, 2026-12-03, against the two-pass backward
-// in the same call): causal rows, 2 (B8·S256 181.0 µs against v28's 253.2; clusters of 4 and 8 lose, B8·S512 598.8
-// against 572.3 and B8·S1024 2358.6 against 1754.5: a cluster moves at the pace of its CTA 0, whose keys every row
-// sees, while the others idle, busy (C + 1) / 2C of the time, docs/DESIGN.md); unmasked rows, 8 (S = 1024 at
-// B 1 / 2 / 4 / 8: 357.8 / 689.5 / 1320.3 / 2589.2 µs against 358.4 / 693.6 / 1357.5 / 3015.5).
-// QKSOFTMAX_SM90_SP_MAX_CLUSTER, where defined, takes the place of both (an A/B build's knob).
+// in the same call): causal rows, in mirrored pairs of heads (KbTileOrder::pair_heads), 8 where there are at least
+// kSm90SpCausal8HeadsPerSm (batch, key head)s per SM, else 4: B8·S512 525.8 / 520.7 µs against 584.4 / 588.1,
+// B8·S1024 1693.7 / 1694.0 against 1808.3 / 1718.3, but B1·S1024 259.3 / 256.7 against 242.6 / 244.2 and B4·S1024
+// 875.8 / 841.7 against 851.8 / 852.3 (two rounds each); unmasked rows, 8 (S = 1024 at B 1 / 2 / 4 / 8: 357.8 /
+// 689.5 / 1320.3 / 2589.2 µs against 358.4 / 693.6 / 1357.5 / 3015.5). QKSOFTMAX_SM90_SP_MAX_CLUSTER, where
+// defined, takes the place of both limits and of the heads' (an A/B build's knob).
 #ifdef QKSOFTMAX_SM90_SP_MAX_CLUSTER
 constexpr int kSm90SpMaxClusterCausal = QKSOFTMAX_SM90_SP_MAX_CLUSTER;
 constexpr int kSm90SpMaxClusterFull = QKSOFTMAX_SM90_SP_MAX_CLUSTER;
+constexpr int64_t kSm90SpCausal8HeadsPerSm = 0;
 #else
-constexpr int kSm90SpMaxClusterCausal = 2;
+constexpr int kSm90SpMaxClusterCausal = 8;
 constexpr int kSm90SpMaxClusterFull = 8;
+constexpr int64_t kSm90SpCausal8HeadsPerSm = 4;
 #endif
 constexpr int64_t kSm90SpMaxSteps = 64;
 constexpr int kSm90SpDeterministicMaxCluster = 2;
@@ -98,6 +101,7 @@ int sm90_sp_cluster(const Problem& prob, int sms) {
   const int64_t cluster = (prob.Sk + sm90::kSpBlockN - 1) / sm90::kSpBlockN;
   if (cluster & (cluster - 1)) return 0;  // 3, 5, 6, 7: not instantiated
   if (cluster > (prob.mask == Mask::kCausal ? kSm90SpMaxClusterCausal : kSm90SpMaxClusterFull)) return 0;
+  if (prob.mask == Mask::kCausal && cluster == 8 && prob.B * prob.Hk < kSm90SpCausal8HeadsPerSm * sms) return 0;
   if (prob.deterministic && cluster > kSm90SpDeterministicMaxCluster) return 0;
   const int64_t steps = (prob.Sq + sm90::kSpBlockM - 1) / sm90::kSpBlockM * prob.group();
   return prob.B * prob.Hk * cluster >= sms || steps <= kSm90SpMaxSteps ? int(cluster) : 0;

@@ -234,14 +234,29 @@ static_assert(int(std::size(kSpDkPhases)) == int(PpDkTracePhase::kCount), "a nam
 static_assert(Sp::kMaxSk == kSpKeys && Sp::kBlockM == kKbBlockM, "the single pass's block is the key-block step");
 static_assert(Sp2::kMaxSk == Sp2::kCluster * kSpKeys && Sp8::kMaxSk == kKbKeys, "a cluster's CTA holds kSpKeys keys");
 
+// Causal cases (`causal`): square rows of 128·C keys, one query head per key head, in clusters of C with heads in
+// mirrored pairs (KbTileOrder::pair_heads), kCausalPairRounds pairs per resident cluster: each CTA's 2C + 2 steps a
+// pair make tiles of 2 to 2C blocks, so that a head's start and end weigh on the step as in seed16 (the unmasked
+// cases' tiles hold every block of kKbRows rows for each query head of a group).
+constexpr int64_t kCausalPairRounds = 8;
+
 template <class Cfg>
-Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool trace, KbStepResult* out) {
+Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool causal, bool trace, KbStepResult* out) {
   cudaStream_t stream = micro.stream.get();
   int device = 0;
   QKB_CUDA(cudaGetDevice(&device));
   constexpr int64_t kKeys = Cfg::kMaxSk;  // a row's, over the cluster's CTAs
-  const int64_t key_heads = s.ctas / Cfg::kCluster, query_heads = key_heads * kKbGroup;
-  const int64_t rows = kKbRows + query_heads - 1;
+  constexpr int64_t kC = Cfg::kCluster;
+  // The clusters resident at once (at most one per head in the unmasked cases).
+  int64_t resident = micro.info.sms / kC;
+  if constexpr (kC > 1) {
+    resident = qksoftmax::cuda::sm90_single_pass_resident_clusters<Cfg>();
+    if (resident <= 0) return Result("no cluster of " + std::to_string(kC) + " CTAs fits the device");
+  }
+  const int64_t key_heads = causal ? 2 * resident * kCausalPairRounds : s.ctas / kC;
+  const int64_t group = causal ? 1 : kKbGroup, query_heads = key_heads * group;
+  const int64_t sq = causal ? kKeys : kKbRows;
+  const int64_t rows = sq + query_heads - 1;
   const size_t e = size_t(kKbElementBytes);
   DeviceBuffer q, k, dp, dq, dk;
   QKB_TRY(q.allocate(size_t(rows * kKbHeadDim) * e));
@@ -254,12 +269,12 @@ Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool trace, KbSt
 
   qksoftmax::Problem prob;
   prob.pass = qksoftmax::Pass::kBackward;
-  prob.B = 1, prob.Hq = query_heads, prob.Hk = key_heads, prob.Sq = kKbRows, prob.Sk = kKeys;
+  prob.B = 1, prob.Hq = query_heads, prob.Hk = key_heads, prob.Sq = sq, prob.Sk = kKeys;
   prob.D = kKbHeadDim;
   prob.dtype = qksoftmax::DType::kBFloat16;
   prob.device = qksoftmax::Device::kCUDA;
   prob.device_index = device;
-  prob.mask = qksoftmax::Mask::kNone;
+  prob.mask = causal ? qksoftmax::Mask::kCausal : qksoftmax::Mask::kNone;
   prob.mode = qksoftmax::BackwardMode::kRecompute;
   prob.scale = 1.0f / std::sqrt(float(kKbHeadDim));
   prob.q = shared_rows(q.get(), rows, kKbHeadDim);
@@ -272,23 +287,21 @@ Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool trace, KbSt
   QKB_TRY(median_call_us(stream, {kWarmup, kRuns, 1}, [&](int) {
     return library_result(qksoftmax::cuda::run_sm90_single_pass<Cfg>(prob, stream, false), "single pass");
   }, &us));
-  const double total_steps = double(s.ctas) * double(s.steps_per_cta);
-  // The heads a cluster runs one after the other (the grid is the clusters resident at once, at most one per
-  // head): a CTA's steps in the launch are that many heads' steps.
-  int64_t resident = std::min<int64_t>(key_heads, micro.info.sms / Cfg::kCluster);
-  if constexpr (Cfg::kCluster > 1) {
-    resident = qksoftmax::cuda::sm90_single_pass_resident_clusters<Cfg>();
-    if (resident <= 0) return Result("no cluster of " + std::to_string(Cfg::kCluster) + " CTAs fits the device");
-  }
-  out->rounds = (key_heads + resident - 1) / resident;
-  out->mode = Cfg::kCluster > 1 ? "single_pass_c" + std::to_string(Cfg::kCluster)
+  // The live blocks of all CTAs, and the steps of one CTA in the launch: the heads (causal: the pairs) a cluster
+  // runs one after the other, the grid being the clusters resident at once. A causal head's blocks over its C CTAs
+  // are Σ_r (2C − 2r) = C (C + 1); a pair's steps 2C + 2 in every CTA.
+  resident = std::min<int64_t>(resident, causal ? key_heads / 2 : key_heads);
+  const double total_steps = causal ? double(key_heads * kC * (kC + 1)) : double(s.ctas) * double(s.steps_per_cta);
+  const int64_t cta_steps = causal ? 2 * kC + 2 : s.steps_per_cta;
+  out->rounds = causal ? (key_heads / 2 + resident - 1) / resident : (key_heads + resident - 1) / resident;
+  out->mode = kC > 1 ? "single_pass_c" + std::to_string(kC) + (causal ? "_causal" : "")
               : Cfg::kDkWarpgroup ? "single_pass"
                                   : "single_pass_3wg";
   out->dq = "bf16";
   out->products = kProductsRecompute;
   out->bytes = int64_t(q.bytes() + dq.bytes() + dp.bytes() + k.bytes() + dk.bytes());
   out->us = us;
-  out->step_us = us / double(out->rounds * s.steps_per_cta);
+  out->step_us = us / double(out->rounds * cta_steps);
   const double flops = double(out->products) * kFlopsPerMac * kKbBlockM * kSpKeys * kKbHeadDim * total_steps;
   out->tensor_share = flops / (us * kMicro) / (micro.ceilings.bf16_TFLOPs * kTera);
   if constexpr (Cfg::kCluster > kSpTracedMaxCluster) {
@@ -336,19 +349,24 @@ Result run_kb_steps(const MicroRun& micro, bool trace, KbStepShape* shape, std::
       results->push_back(r);
     }
   }
-  // As dispatched, three warpgroups, in clusters of 2, 4 and 8.
-  using SpCase = Result (*)(const MicroRun&, const KbStepShape&, bool, KbStepResult*);
-  constexpr std::pair<SpCase, int64_t> kSpForms[] = {{&run_sp_case<Sp>, Sp::kMaxSk},
-                                                     {&run_sp_case<Sp3>, Sp3::kMaxSk},
-                                                     {&run_sp_case<Sp2>, Sp2::kMaxSk},
-                                                     {&run_sp_case<Sp4>, Sp4::kMaxSk},
-                                                     {&run_sp_case<Sp8>, Sp8::kMaxSk}};
-  for (const auto& [run_form, keys] : kSpForms) {
+  // As dispatched, three warpgroups, in clusters of 2, 4 and 8; then causal rows in clusters, heads in pairs.
+  using SpCase = Result (*)(const MicroRun&, const KbStepShape&, bool, bool, KbStepResult*);
+  struct SpForm {
+    SpCase run;
+    int64_t keys;
+    bool causal;
+  };
+  constexpr SpForm kSpForms[] = {{&run_sp_case<Sp>, Sp::kMaxSk, false},   {&run_sp_case<Sp3>, Sp3::kMaxSk, false},
+                                 {&run_sp_case<Sp2>, Sp2::kMaxSk, false}, {&run_sp_case<Sp4>, Sp4::kMaxSk, false},
+                                 {&run_sp_case<Sp8>, Sp8::kMaxSk, false}, {&run_sp_case<Sp2>, Sp2::kMaxSk, true},
+                                 {&run_sp_case<Sp4>, Sp4::kMaxSk, true},  {&run_sp_case<Sp8>, Sp8::kMaxSk, true}};
+  for (const SpForm& form : kSpForms) {
     KbStepResult r;
-    QKB_TRY(run_form(micro, s, trace, &r));
-    std::printf("kb %-10s %-4s %9.1f %12.3f %8d %6.1f%% %8.1f   (rows of %lld keys, pingpong; %lld round%s)\n",
+    QKB_TRY(form.run(micro, s, form.causal, trace, &r));
+    std::printf("kb %-10s %-4s %9.1f %12.3f %8d %6.1f%% %8.1f   (%srows of %lld keys, pingpong; %lld round%s)\n",
                 r.mode.c_str(), r.dq.c_str(), r.us, r.step_us, r.products, 100.0 * r.tensor_share,
-                double(r.bytes) / kBytesPerMiB, (long long)keys, (long long)r.rounds, r.rounds == 1 ? "" : "s");
+                double(r.bytes) / kBytesPerMiB, form.causal ? "causal " : "", (long long)form.keys,
+                (long long)r.rounds, r.rounds == 1 ? "" : "s");
     results->push_back(r);
   }
   return {};

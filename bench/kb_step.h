@@ -83,8 +83,9 @@ struct KbStepResult {
 };
 
 // Runs and prints the four cases (mode × dQ target) and the pingpong single pass's step (rows of 128 keys, each
-// consumer warpgroup every other row block; in clusters of 2, 4 and 8, rows of 256, 512, 1024 keys); with `trace`,
-// each case's phase trace too (phase_trace.cuh; of the single pass, up to clusters of 2).
+// consumer warpgroup every other row block; in clusters of 2, 4 and 8, rows of 256, 512, 1024 keys; then causal
+// square rows in those clusters, heads in mirrored pairs, whose short tiles carry a head's start and end costs);
+// with `trace`, each case's phase trace too (phase_trace.cuh; of the single pass, up to clusters of 2).
 Result run_kb_steps(const MicroRun& micro, bool trace, KbStepShape* shape, std::vector<KbStepResult>* results);
 
 // Writes `, "key_block_shape": {...}, "key_block": [...]` (write_json_list).

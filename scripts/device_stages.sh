@@ -1,4 +1,4 @@
-# Helpers of the device-call scripts (sp-cluster-check.sh, sp-chunks-check.sh), sourced after the caller sets OUT
+# Helpers of the device-call scripts (sp-cluster-check.sh, sp-ab-check.sh, sp-profile-check.sh), sourced after the caller sets OUT
 # (where the results go) and BUDGET_S (seconds for the whole call, from here): the logs' folder LOGS, stages run
 # within their limit and what is left of the budget, logged to $LOGS/name.log, and a results file's summary.
 # shellcheck shell=bash

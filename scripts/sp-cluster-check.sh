@@ -1,13 +1,11 @@
 #!/usr/bin/env bash
 # One device call for the single pass in clusters (docs/DESIGN.md, "Rows of up to 1024 keys: clusters"): builds the
 # tree (tests and benchmarks) and, beside it, the bench with every cluster size dispatched
-# (-DQKSOFTMAX_SM90_SP_MAX_CLUSTER=8) and with causal rows by the chunk schedule (-DQKSOFTMAX_SM90_SP_CHUNKS too);
-# runs the cluster kernel tests (contiguous keys, then the chunk schedule),
-# the four sanitizers on them (small shapes),
-# the step benchmark with its trace, the seed16 recompute suite causal (bf16, fp16) and unmasked (bf16) from the
-# first two builds and causal from the third, and the GPU tests (ctest) in what is left of the budget. At most 8
-# files come back from a device call:
-# the results files and one log archive go to $OUT.
+# (-DQKSOFTMAX_SM90_SP_MAX_CLUSTER=8) and with causal heads one at a time instead of in mirrored pairs
+# (-DQKSOFTMAX_SM90_SP_NO_PAIRS too); runs the cluster kernel tests, the four sanitizers on them (small shapes), the
+# step benchmark with its trace, the seed16 recompute suite causal (bf16, fp16) and unmasked (bf16) from the first
+# two builds and causal from the third, and the GPU tests (ctest) in what is left of the budget. At most 8 files
+# come back from a device call: the results files and one log archive go to $OUT.
 #
 #   scripts/sp-cluster-check.sh            (carry .deps; about 8 minutes on the H200's 16 cores)
 #   BUDGET_S=500 SKIP="ctest sanitize" scripts/sp-cluster-check.sh
@@ -24,23 +22,18 @@ stage configure 60 cmake -S . -B build/spc -G Ninja -DCMAKE_BUILD_TYPE=Release -
   -DQKSOFTMAX_BUILD_BENCH=ON -DQKSOFTMAX_BUILD_PYTHON=OFF
 stage configure-c8 60 cmake -S . -B build/spc8 -G Ninja -DCMAKE_BUILD_TYPE=Release -DQKSOFTMAX_BUILD_TESTS=OFF \
   -DQKSOFTMAX_BUILD_BENCH=ON -DQKSOFTMAX_BUILD_PYTHON=OFF -DCMAKE_CUDA_FLAGS=-DQKSOFTMAX_SM90_SP_MAX_CLUSTER=8
-stage configure-chunks 60 cmake -S . -B build/spck -G Ninja -DCMAKE_BUILD_TYPE=Release -DQKSOFTMAX_BUILD_TESTS=OFF \
+stage configure-nopairs 60 cmake -S . -B build/spnp -G Ninja -DCMAKE_BUILD_TYPE=Release -DQKSOFTMAX_BUILD_TESTS=OFF \
   -DQKSOFTMAX_BUILD_BENCH=ON -DQKSOFTMAX_BUILD_PYTHON=OFF \
-  "-DCMAKE_CUDA_FLAGS=-DQKSOFTMAX_SM90_SP_MAX_CLUSTER=8 -DQKSOFTMAX_SM90_SP_CHUNKS"
+  "-DCMAKE_CUDA_FLAGS=-DQKSOFTMAX_SM90_SP_MAX_CLUSTER=8 -DQKSOFTMAX_SM90_SP_NO_PAIRS"
 stage build-c8 300 cmake --build build/spc8 -j 4 --target qksoftmax-bench &
-stage build-chunks 300 cmake --build build/spck -j 4 --target qksoftmax-bench &
+stage build-nopairs 300 cmake --build build/spnp -j 4 --target qksoftmax-bench &
 stage build 300 cmake --build build/spc -j 10 --target qksoftmax_tests qksoftmax_kernel_tests qksoftmax-step \
   qksoftmax-bench
 wait
 grep -hE "error|C7518|spill" "$LOGS"/build*.log | grep -v "0 bytes spill" | grep -v bwd_kernel | head -5
 kernel_tests=build/spc/tests/cpp/qksoftmax_kernel_tests
-# The contiguous clusters first, then the chunk schedule (a hang in one leaves the other's verdict).
-stage cluster-tests 45 $kernel_tests --gtest_filter='*GpuSpCluster*' --gtest_brief=1 &&
-  grep -E "PASSED|FAILED" "$LOGS/cluster-tests.log"
-sanitized='*GpuSpCluster*'  # and the chunk schedule's tests where they pass (a hang would hold every tool)
-stage chunk-tests 45 $kernel_tests --gtest_filter='*GpuSpChunks*' --gtest_brief=1 &&
-  sanitized="$sanitized:*GpuSpChunks*"
-grep -E "PASSED|FAILED" "$LOGS/chunk-tests.log"
+stage cluster-tests 45 $kernel_tests --gtest_filter='*GpuSpCluster*' --gtest_brief=1
+grep -E "PASSED|FAILED" "$LOGS/cluster-tests.log"
 stage step 90 build/spc/bench/qksoftmax-step --trace "$OUT/h200-step.json"
 grep -E "^kb single_pass" "$LOGS/step.log"
 for mask in causal nomask; do
@@ -51,15 +44,13 @@ for mask in causal nomask; do
   stage "seed16-$mask-c8" 60 build/spc8/bench/qksoftmax-bench --suite seed16 --mode recompute --dtype bf16 \
     --impl qksoftmax $flag --json "$OUT/h200-seed16-$mask-c8.json" && suite "$OUT/h200-seed16-$mask-c8.json"
 done
-# Causal rows in clusters of every size by the chunk schedule (its kernel tests passed: a hang would cost the call).
-if [[ $sanitized == *GpuSpChunks* ]]; then
-  stage seed16-chunks 60 build/spck/bench/qksoftmax-bench --suite seed16 --mode recompute --dtype bf16 \
-    --impl qksoftmax --json "$OUT/h200-seed16-causal-chunks.json" && suite "$OUT/h200-seed16-causal-chunks.json"
-fi
+# Causal rows in clusters of every size, heads one at a time.
+stage seed16-nopairs 60 build/spnp/bench/qksoftmax-bench --suite seed16 --mode recompute --dtype bf16 \
+  --impl qksoftmax --json "$OUT/h200-seed16-causal-nopairs.json" && suite "$OUT/h200-seed16-causal-nopairs.json"
 if ! skipped sanitize; then
   for tool in memcheck racecheck synccheck initcheck; do
     stage "sanitize-$tool" 200 env QKSOFTMAX_TEST_SHAPES=small compute-sanitizer --tool $tool --error-exitcode 1 \
-      $kernel_tests --gtest_filter="$sanitized" &
+      $kernel_tests --gtest_filter='*GpuSpCluster*' &
   done
   wait
   for tool in memcheck racecheck synccheck initcheck; do

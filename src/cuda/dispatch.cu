@@ -109,18 +109,6 @@ int sm90_sp_cluster(const Problem& prob, int sms) {
 
 template <class T, int HD>
 Status run_sm90_sp(const Problem& prob, int cluster, CUstream_st* stream) {
-#ifdef QKSOFTMAX_SM90_SP_CHUNKS
-  // (An A/B build's knob: causal rows in clusters take the chunk schedule, sm90_instances.h.)
-  if (prob.mask == Mask::kCausal) {
-    switch (cluster) {
-#define QKSOFTMAX_SM90_SP_CHUNKS_CASE(T_, HD_, C) \
-      case C:                                      \
-        return run_sm90_single_pass<sm90::SpPpConfig<T_, HD_, true, C, true>>(prob, stream);
-      QKSOFTMAX_SM90_SP_CHUNK_CLUSTERS(QKSOFTMAX_SM90_SP_CHUNKS_CASE, T, HD)
-#undef QKSOFTMAX_SM90_SP_CHUNKS_CASE
-    }
-  }
-#endif
   switch (cluster) {
 #define QKSOFTMAX_SM90_SP_CASE(T_, HD_, C) \
     case C:                                 \

@@ -22,8 +22,8 @@ template <class Element_, int kHeadDim_, bool kSavedP_, bool kDirectDq_>
 struct KbConfig;
 template <class Element_, int kHeadDim_, bool kSavedP_>
 struct BwdConfig;
-// (dispatched with the dK warpgroup, in one CTA, contiguous keys)
-template <class Element_, int kHeadDim_, bool kDkWarpgroup_ = true, int kCluster_ = 1, bool kChunked_ = false>
+// (dispatched with the dK warpgroup, in one CTA)
+template <class Element_, int kHeadDim_, bool kDkWarpgroup_ = true, int kCluster_ = 1>
 struct SpPpConfig;
 template <class Element_, int kHeadDim_>
 struct ForwardConfig;
@@ -77,7 +77,7 @@ inline constexpr int64_t kSpBlockM = 64;  // rows per block of the pingpong sing
 inline constexpr int64_t kSpBlockN = 128;  // keys per CTA of the pingpong single pass
 }  // namespace sm90
 // clear_dq: a cluster's CTAs add the row blocks they share into dQ, whose rows of those blocks the call clears first
-// (the step benchmark times the kernel alone); the blocks that CTA 0 alone sees are stored.
+// (the step benchmark times the kernel alone); the blocks that key block 0's CTA alone sees are stored.
 template <class SpCfg>
 Status run_sm90_single_pass(const Problem& prob, CUstream_st* stream, bool clear_dq = true);
 // Clusters of the pingpong single pass resident at once on the current device (0 on error).
@@ -90,18 +90,6 @@ int sm90_single_pass_resident_clusters();
 #define QKSOFTMAX_DECLARE_SM90_SP(T, HD) QKSOFTMAX_SM90_SP_CLUSTERS(QKSOFTMAX_DECLARE_SM90_SP_CLUSTER, T, HD)
 QKSOFTMAX_SM90_CONFIGS(QKSOFTMAX_DECLARE_SM90_SP)
 #undef QKSOFTMAX_DECLARE_SM90_SP
-// The chunk schedule (SpPpConfig kChunked, causal rows), instantiated in the library only in an A/B build that
-// defines QKSOFTMAX_SM90_SP_CHUNKS (sm90_sp_chunks_c<C>_hd<D>.cu; the kernel tests instantiate their own).
-#define QKSOFTMAX_SM90_SP_CHUNK_CLUSTERS(X, T, HD) X(T, HD, 2) X(T, HD, 4) X(T, HD, 8)
-#ifdef QKSOFTMAX_SM90_SP_CHUNKS
-#define QKSOFTMAX_DECLARE_SM90_SP_CHUNKS_CLUSTER(T, HD, C) \
-  extern template Status run_sm90_single_pass<sm90::SpPpConfig<T, HD, true, C, true>>(const Problem&, CUstream_st*, bool);
-#define QKSOFTMAX_DECLARE_SM90_SP_CHUNKS(T, HD) \
-  QKSOFTMAX_SM90_SP_CHUNK_CLUSTERS(QKSOFTMAX_DECLARE_SM90_SP_CHUNKS_CLUSTER, T, HD)
-QKSOFTMAX_SM90_CONFIGS(QKSOFTMAX_DECLARE_SM90_SP_CHUNKS)
-#undef QKSOFTMAX_DECLARE_SM90_SP_CHUNKS
-#undef QKSOFTMAX_DECLARE_SM90_SP_CHUNKS_CLUSTER
-#endif
 #undef QKSOFTMAX_DECLARE_SM90_SP_CLUSTER
 
 // The single-pass (cluster) backward takes rows of up to this many keys (a portable cluster of 8 CTAs × 128

@@ -34,16 +34,4 @@ Status run_single_pass_cluster(const Problem& prob, int cluster, CUstream_st* st
   return {Code::kInternal, "no single pass in clusters of " + std::to_string(cluster)};
 }
 
-Status run_single_pass_chunks(const Problem& prob, int cluster, CUstream_st* stream) {
-  switch (cluster) {
-    case 2:
-      return run_single_pass_chunks2(prob, stream);
-    case 4:
-      return run_single_pass_chunks4(prob, stream);
-    case 8:
-      return run_single_pass_chunks8(prob, stream);
-  }
-  return {Code::kInternal, "no chunk schedule in clusters of " + std::to_string(cluster)};
-}
-
 }  // namespace qksoftmax::test

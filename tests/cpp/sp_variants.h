@@ -15,11 +15,4 @@ Status run_single_pass(const Problem& prob, SpForm form, CUstream_st* stream);
 // to 128·cluster keys), bf16, D = 128, recompute: the library's instances, called directly.
 Status run_single_pass_cluster(const Problem& prob, int cluster, CUstream_st* stream);
 
-// The chunk schedule (SpPpConfig kChunked: causal rows, CTA r holding the 64-key chunks r and 2C − 1 − r) in a
-// cluster of `cluster` CTAs (2, 4 or 8), bf16, D = 128 (sp_chunks{2,4,8}.cu; not dispatched).
-Status run_single_pass_chunks(const Problem& prob, int cluster, CUstream_st* stream);
-Status run_single_pass_chunks2(const Problem& prob, CUstream_st* stream);
-Status run_single_pass_chunks4(const Problem& prob, CUstream_st* stream);
-Status run_single_pass_chunks8(const Problem& prob, CUstream_st* stream);
-
 }  // namespace qksoftmax::test

@@ -707,52 +707,6 @@ TEST(Sm90Layouts, KeyBlockTileOrder) {
   check_kb_tile_order({1, 1, 1, 100, 100, Mask::kCausal}, kMiB);
 }
 
-// The chunk schedule's walk (SpChunkWalk): a head's positions visit every row block once for each query head of the
-// group; at every row block the cluster's CTAs see, between them, each chunk with keys that the row block sees
-// (causal: chunks c <= t) exactly once; a row block sees a CTA's early chunk no later than its late one; and with
-// square rows of 128 C keys every CTA has the same work (2C + 1 chunk-blocks of a head per query head).
-TEST(Sm90Layouts, ChunkWalk) {
-  using qksoftmax::cuda::sm90::SpChunkWalk;
-  for (int clusters : {2, 4, 8}) {
-    for (int chunks : {2 * clusters - 1, 2 * clusters}) {
-      for (int row_blocks : {1, 2, 3, 7, 2 * clusters - 1, 2 * clusters, 2 * clusters + 3}) {
-        for (int group : {1, 3}) {
-          SCOPED_TRACE(testing::Message() << "C " << clusters << ", chunks " << chunks << ", T " << row_blocks
-                                          << ", group " << group);
-          std::vector<int> visits(size_t(row_blocks * group), 0);
-          std::vector<int> work(size_t(clusters), 0);
-          for (int rank = 0; rank < clusters; ++rank) {
-            const SpChunkWalk walk{row_blocks, group, clusters, chunks, rank};
-            ASSERT_EQ(walk.positions(), row_blocks * group);
-            int blocks = 0;
-            for (int k = 0; k < walk.positions(); ++k) {
-              const int t = walk.row_block(k);
-              ASSERT_GE(t, 0);
-              ASSERT_LT(t, row_blocks);
-              if (rank == 0) ++visits[size_t(t * group + walk.head(k))];
-              blocks += walk.seen(t) > 0 ? 1 : 0;
-              work[size_t(rank)] += walk.seen(t);
-            }
-            EXPECT_EQ(blocks, walk.blocks());
-            EXPECT_LT(walk.early(), walk.late());
-          }
-          for (int v : visits) EXPECT_EQ(v, 1) << "each (row block, query head) once";
-          for (int t = 0; t < row_blocks; ++t) {
-            int seen = 0;
-            for (int rank = 0; rank < clusters; ++rank) {
-              seen += SpChunkWalk{row_blocks, group, clusters, chunks, rank}.seen(t);
-            }
-            EXPECT_EQ(seen, std::min(t + 1, chunks)) << "row block " << t;
-          }
-          if (row_blocks == 2 * clusters && chunks == 2 * clusters) {
-            for (int w : work) EXPECT_EQ(w, (2 * clusters + 1) * group);
-          }
-        }
-      }
-    }
-  }
-}
-
 // Mirrored pairs (KbTileOrder::pair_heads, the pingpong single pass's causal clusters of C = Sk / 128 CTAs): the
 // static walk (first_tile, next_tile) of a grid of whole clusters gives every (head, key block) to one CTA, CTA c
 // holding key block c mod C of even heads (rows walked down) and C − 1 − that of odd ones (rows walked up), the two

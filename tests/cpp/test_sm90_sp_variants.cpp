@@ -1,8 +1,7 @@
 // The pingpong single pass (src/cuda/sm90/sp_pp_config.h) through its internal entry point (sp_variants.cu), as
 // dispatched (with a dK warpgroup) and with dK held by its consumers, with the Problem built here from the test's
 // tensors, on shapes the public API would also send it: each against the CPU backend, and all bit for bit against
-// the first run; and in clusters of 2, 4 and 8 CTAs (rows of up to 1024 keys), contiguous keys and the chunk
-// schedule, against the CPU backend.
+// the first run; and in clusters of 2, 4 and 8 CTAs (rows of up to 1024 keys), against the CPU backend.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -120,8 +119,7 @@ INSTANTIATE_TEST_SUITE_P(Edges, GpuSpVariants, ::testing::ValuesIn(variant_cases
 // cleared before where CTAs share the block, stored by CTA 0 where it alone sees it (causal: rows before 128).
 // Against the CPU backend; run twice, dK bit for bit (each CTA's own keys, a fixed order) and, in
 // clusters of two, dQ too (two partials added into zero: the same in either order).
-// With chunks, the same checks of the chunk schedule's kernel (sp_pp_config.h, kChunked).
-void check_cluster(const Case& c, bool chunks) {
+void check_cluster(const Case& c) {
   const int cluster = int((c.Sk + 127) / 128);
   const Inputs in = make_inputs(c, test_seed());
   constexpr const char* kNames[] = {"first run", "second run"};
@@ -131,9 +129,7 @@ void check_cluster(const Case& c, bool chunks) {
   outs.reserve(std::size(kNames));
   for (size_t run = 0; run < std::size(kNames); ++run) {
     run_poisoned(c, q, k, dp, stream.get(),
-                 [cluster, chunks](const Problem& prob, CUstream_st* s) {
-                   return chunks ? run_single_pass_chunks(prob, cluster, s) : run_single_pass_cluster(prob, cluster, s);
-                 },
+                 [cluster](const Problem& prob, CUstream_st* s) { return run_single_pass_cluster(prob, cluster, s); },
                  outs);
     ASSERT_FALSE(::testing::Test::HasFatalFailure()) << kNames[run];
   }
@@ -146,7 +142,7 @@ void check_cluster(const Case& c, bool chunks) {
 
 class GpuSpCluster : public GpuTest, public ::testing::WithParamInterface<Case> {};
 
-TEST_P(GpuSpCluster, AgainstCpuAndItself) { check_cluster(GetParam(), false); }
+TEST_P(GpuSpCluster, AgainstCpuAndItself) { check_cluster(GetParam()); }
 
 // Clusters of 2, 4 and 8: square causal and unmasked heads, grouped query heads, more heads than clusters fit at
 // once (each CTA several tiles, both K buffers and every statistics slot reused), rows that see none of the last
@@ -177,34 +173,6 @@ std::vector<Case> cluster_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Edges, GpuSpCluster, ::testing::ValuesIn(cluster_cases()), param_name);
-
-// The chunk schedule (causal rows only): CTA r holding the 64-key chunks r and 2C − 1 − r, every CTA walking a
-// head's positions in one interleaved order, a turn passed on where a CTA sees no chunk.
-class GpuSpChunks : public GpuTest, public ::testing::WithParamInterface<Case> {};
-
-TEST_P(GpuSpChunks, AgainstCpuAndItself) { check_cluster(GetParam(), true); }
-
-// Clusters of 2, 4 and 8 (⌈Sk / 128⌉): three chunks (the first CTA's late chunk empty), 200 and 256 keys; 7 chunks
-// (the first CTA's late chunk empty) and 8; 15 and 16; grouped query heads, an odd group (the positions' parity
-// across a group), more heads than clusters fit at once, rows that see few chunks (Sq < Sk), rows past Sq, an odd
-// number of row blocks.
-std::vector<Case> chunk_cases() {
-  const int64_t wide = small_shapes() ? 40 : 150;
-  return {{.B = 2, .Hq = 4, .Hk = 2, .Sq = 256, .Sk = 256, .D = 128},
-          {.B = 1, .Hq = 3, .Hk = 1, .Sq = 200, .Sk = 200, .D = 128},
-          {.B = 2, .Hq = 2, .Hk = 2, .Sq = 300, .Sk = 136, .D = 128},
-          {.B = 1, .Hq = 2, .Hk = 1, .Sq = 100, .Sk = 256, .D = 128},
-          {.B = 2, .Hq = wide, .Hk = wide, .Sq = 256, .Sk = 256, .D = 128},
-          {.B = 1, .Hq = 4, .Hk = 2, .Sq = 512, .Sk = 512, .D = 128},
-          {.B = 1, .Hq = 2, .Hk = 2, .Sq = 300, .Sk = 448, .D = 128},
-          {.B = 1, .Hq = wide, .Hk = wide, .Sq = 512, .Sk = 512, .D = 128},
-          {.B = 1, .Hq = 2, .Hk = 1, .Sq = 1024, .Sk = 1024, .D = 128},
-          {.B = 1, .Hq = 3, .Hk = 1, .Sq = 1000, .Sk = 1000, .D = 128},
-          {.B = 1, .Hq = 2, .Hk = 2, .Sq = 960, .Sk = 960, .D = 128},
-          {.B = 1, .Hq = 2, .Hk = 2, .Sq = 63, .Sk = 1024, .D = 128}};
-}
-
-INSTANTIATE_TEST_SUITE_P(Edges, GpuSpChunks, ::testing::ValuesIn(chunk_cases()), param_name);
 
 }  // namespace
 }  // namespace qksoftmax::test

@@ -76,13 +76,6 @@ Status run_sm90_single_pass(const Problem& prob, CUstream_st* stream, [[maybe_un
     const int64_t grid = std::min<int64_t>(tiles, int64_t(device->sm_count) * SpCfg::kCtasPerSm);
     return launch<SpCfg>(sm90::sp_pp_kernel<SpCfg>, kName, grid, params, stream);
   } else {
-    if constexpr (SpCfg::kChunked) {  // the tile order's key blocks are chunks: a head's tiles are its C pairs
-      if (!prob.keys().causal || params.order.key_blocks > 2 * kCluster) {
-        return {Code::kInternal, std::string(kName) + ": chunks of causal rows of at most " +
-                                     std::to_string(SpCfg::kMaxSk) + " keys"};
-      }
-      params.order.key_blocks = (params.order.key_blocks + 1) / 2;
-    }
     if (params.order.key_blocks != kCluster) {
       return {Code::kInternal, std::string(kName) + ": a cluster of " + std::to_string(kCluster) +
                                    " CTAs for rows of " + std::to_string(prob.Sk) + " keys"};

@@ -7,13 +7,12 @@
 //   warpgroup 0    producer: warp 0 (one thread) takes the tiles (dealt statically), publishes them in the tile
 //                  ring and loads K per tile and Q per block (Q ring); warp 1 (one thread) loads dP per block
 //                  (dP ring), which is freed earlier than Q (its owner alone reads it), and stores each block's
-//                  dQ from its dP slot before it loads the slot again (with kDqInDs, warp 2 (one thread) stores
-//                  it from the block's dS buffer instead);
+//                  dQ from its dP slot before it loads the slot again;
 //   warpgroups 1-2 consumers: block g is warpgroup g mod 2's. Its owner computes S = Q Kᵀ (64 rows × 128 keys),
 //                  the row statistics and dS in registers, writes dS to its dS buffer, and in its turn issues
 //                  dK_w += dSᵀ Q for the other's previous block and its own (each warpgroup accumulates dK of
 //                  its 64 keys over every block), dQ = dS K and S of its next block; then stages dQ in the
-//                  block's dP slot, or with kDqInDs its dS buffer (sp_pp_mainloop.cuh).
+//                  block's dP slot (sp_pp_mainloop.cuh).
 // No statistics pass, no workspace, no atomics: the sums run in a fixed order (deterministic by construction).
 #pragma once
 
@@ -32,33 +31,7 @@ __device__ void release_slot(Ring& ring, const State& state) {
   ring.empty_barrier_[state.index()].arrive();
 }
 
-// The chunk schedule's walk of a head (SpPpConfig::kChunked; docs/DESIGN.md, "The chunk schedule"): the positions
-// of a head, its row blocks in the interleaved order ⌊T/2⌋, 0, ⌊T/2⌋ + 1, 1, … (T row blocks), each with the group's
-// query heads in turn, the same for every CTA of the cluster; at each, the chunks of 64 keys of the CTA of rank
-// `rank` that the row block sees: its early chunk `rank` from row block `rank` on, its late chunk 2C − 1 − rank
-// (where it holds keys) from that row block on (causal: row i sees keys up to i). Host and device.
-struct SpChunkWalk {
-  int row_blocks;  // T
-  int group;       // query heads per key head
-  int clusters;    // C: CTAs of the cluster
-  int chunks;      // of 64 keys with keys in them, ⌈Sk / 64⌉ ≤ 2C
-  int rank;
-
-  CUTE_HOST_DEVICE int positions() const { return row_blocks * group; }
-  CUTE_HOST_DEVICE int row_block(int k) const {
-    const int t = k / group, half = row_blocks / 2;
-    return t % 2 == 0 ? half + t / 2 : t / 2;
-  }
-  CUTE_HOST_DEVICE int head(int k) const { return k % group; }  // within the group
-  CUTE_HOST_DEVICE int early() const { return rank; }
-  CUTE_HOST_DEVICE int late() const { return 2 * clusters - 1 - rank; }
-  // The CTA's chunks that row block t sees: 0, 1 (the early one) or 2.
-  CUTE_HOST_DEVICE int seen(int t) const { return int(t >= early()) + int(t >= late() && late() < chunks); }
-  // The positions where the CTA sees a chunk, its blocks of the head: every row block from its early chunk's on.
-  CUTE_HOST_DEVICE int blocks() const { return row_blocks > rank ? (row_blocks - rank) * group : 0; }
-};
-
-template <class Element_, int kHeadDim_, bool kDkWarpgroup_, int kCluster_, bool kChunked_>
+template <class Element_, int kHeadDim_, bool kDkWarpgroup_, int kCluster_>
 struct SpPpConfig {
   using Element = Element_;
   static constexpr DType kDType = ElementTraits<Element>::kDType;
@@ -75,48 +48,24 @@ struct SpPpConfig {
                 "clusters of 1, 2, 4 or 8 CTAs (a portable cluster: rows of up to 1024 keys)");
   static constexpr int kPeers = kCluster - 1;  // the other CTAs of a cluster
   static constexpr int kMaxSk = kBlockN * kCluster;
-  // kChunked (causal rows, in clusters, with the dK warpgroup; docs/DESIGN.md, "The chunk schedule"): CTA r holds the
-  // 64-key chunks r (early: keys [64 r, +64), rows 0-63 of its K tile) and 2C − 1 − r (late: rows 64-127), so that
-  // every CTA has the same causal work; every CTA walks a head's positions in one order (SpChunkWalk), position G
-  // (counted over the CTA's tiles) consumer G mod 2's in every CTA, a position where the CTA sees no chunk a turn
-  // passed on. Full steps at every block (the late chunk masked where unseen).
-  static constexpr bool kChunked = kChunked_;
-  static_assert(!kChunked || (kDkWarpgroup_ && kCluster > 1), "chunks: in clusters, with the dK warpgroup");
-  static constexpr int kChunk = 64;  // keys
-  using CH = Int<kChunk>;
-  // With chunks, a block that sees the early chunk alone is a half step: dQ over dS's first 64 columns (the early
-  // chunk's keys), dK of the early chunk alone; S still over all 128 keys (sp_pp_mainloop.cuh says why) and the
-  // late chunk's dP still loaded (a dP slot's transaction count is fixed): two thirds of a full step's products.
-  static constexpr bool kHalfSteps = kChunked;
   static_assert(kBlockM == kSpBlockM, "dispatch.cu counts the single pass's steps by sm90_instances.h's kSpBlockM");
   static_assert(kBlockN == kSpBlockN, "dispatch.cu sizes the single pass's clusters by sm90_instances.h's kSpBlockN");
   static constexpr int kConsumers = 2;
   static constexpr int kHalf = kBlockN / kConsumers;  // keys of a consumer's dK
   static constexpr bool kStaticTiles = true;          // KbTileWriter::claim: CTA c's tiles are c, c + grid, …
-  // Causal heads in mirrored pairs (KbTileOrder::pair_heads) where the launch pairs them: clusters of contiguous keys.
-  static constexpr bool kPairs = kCluster_ > 1 && !kChunked_;
+  // Causal heads in mirrored pairs (KbTileOrder::pair_heads) where the launch pairs them: in clusters.
+  static constexpr bool kPairs = kCluster_ > 1;
   // kDkWarpgroup (dispatched; false gives the step benchmark's and kernel tests' second form, where each consumer
   // holds dK of its 64 keys): a fourth warpgroup holds dK of all 128 keys and adds each block's dSᵀ Q as soon as
   // its owner has written dS (sp_pp_dk.cuh), so that the consumers hold no dK accumulator and their turns carry
   // dQ and S alone (docs/DESIGN.md, the way down, 3).
   static constexpr bool kDkWarpgroup = kDkWarpgroup_;
-  // kDqInDs (with a dK warpgroup; an A/B build's knob, QKSOFTMAX_SM90_SP_DQ_IN_DS): a block's dQ staged in its dS
-  // buffer, once every product has read its dS, and stored from there by a third producer thread (kDqWarp), so
-  // that the block's dP slot is handed back as soon as its owner's ldmatrix has read it and the next dP loads a
-  // block and a half before it is needed, instead of a turn (docs/DESIGN.md, "dP loaded once read"). Without it
-  // dQ is staged in the dP slot, which the dP thread stores before it loads the slot again.
-#ifdef QKSOFTMAX_SM90_SP_DQ_IN_DS
-  static constexpr bool kDqInDs = kDkWarpgroup;
-#else
-  static constexpr bool kDqInDs = false;
-#endif
 
   // Rings. Q of block g is read by S(g) (issued in its owner's turn two blocks before), the owner's dK product and
   // the other consumer's (the first of their turns g and g + 1): four slots, the load of Q(g + 2) starting in the
   // turn of block g − 1. dP of block g is read by its owner's
   // ldmatrix and then holds the block's dQ for its TMA store, which the dP load thread issues and awaits before
-  // it loads the slot again (with kDqInDs it goes back after the owner's sums): three slots. K of two tiles, so that the next tile's
-  // K loads under this one. dS of block g is read by its owner's dQ and dK products and by the other consumer's dK
+  // it loads the slot again: three slots. K of two tiles, so that the next tile's K loads under this one. dS of block g is read by its owner's dQ and dK products and by the other consumer's dK
   // product in its next turn: three buffers in rotation, so that a buffer's next writer (block g + 3's owner,
   // after its S(g + 3), which follows that dK product in its own turn) finds it read. Clusters of more than two
   // give a Q slot (16 KB) to the statistics slots of their peers.
@@ -156,14 +105,9 @@ struct SpPpConfig {
   static_assert(kHeadDim == kBlockN && cosize_v<SmemLayoutdQ> * kPStages == cosize_v<SmemLayoutP>,
                 "a dP slot holds a block's dQ");
 
-  // What one TMA load fills: a Q slot, the K tile, a dP slot; with chunks, half the K tile (a chunk's 64 rows) and
-  // half a dP slot (a chunk's 64 columns), views of the whole tiles' layouts.
-  using SmemLayoutKLoad = std::conditional_t<
-      kChunked, decltype(composition(SmemLayoutK{}, make_layout(Shape<CH, HD>{}, Stride<_1, BN>{}))), SmemLayoutK>;
-  using SmemLayoutPSlot = decltype(SmemLayoutP{}(_, _, 0));  // (rows, keys)
-  using SmemLayoutPLoad = std::conditional_t<
-      kChunked, decltype(composition(SmemLayoutPSlot{}, make_layout(Shape<BM, CH>{}, Stride<_1, BM>{}))),
-      SmemLayoutPSlot>;
+  // What one TMA load fills: a Q slot, the K tile, a dP slot.
+  using SmemLayoutKLoad = SmemLayoutK;
+  using SmemLayoutPLoad = decltype(SmemLayoutP{}(_, _, 0));  // (rows, keys)
   using TmaQ = TmaLoad<Element, HD, decltype(SmemLayoutQ{}(_, _, 0))>;
   using TmaK = TmaLoad<Element, HD, SmemLayoutKLoad>;
   using TmaP = TmaLoad<Element, int32_t, SmemLayoutPLoad>;
@@ -187,7 +131,6 @@ struct SpPpConfig {
   static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
   static constexpr uint32_t kPBytes = kBlockM * kBlockN * sizeof(Element);  // a (BM, BN) tile: a dP slot, a dS buffer
   static_assert(cosize_v<SmemLayoutdS2> == kDsBuffers * kBlockM * kBlockN, "dS buffers are whole tiles");
-  static_assert(cosize_v<SmemLayoutdQ> == kBlockM * kBlockN, "a dS buffer holds a block's dQ (kDqInDs)");
   // Block g's dS buffer, and the parity of that buffer's barrier phases that block g's use completes.
   CUTE_HOST_DEVICE static constexpr int ds_buffer(int g) { return g % kDsBuffers; }
   CUTE_HOST_DEVICE static constexpr uint32_t ds_phase(int g) { return uint32_t(g / kDsBuffers) & 1; }
@@ -217,8 +160,7 @@ struct SpPpConfig {
   using QPipeline = cutlass::PipelineTmaAsync<kQStages>;
   using PPipeline = cutlass::PipelineTmaAsync<kPStages>;
   using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
-  // With chunks, key block r of a head is CTA r's pair of chunks, first seen by row block r (key_blocks set to C).
-  using TileOrder = KbTileOrder<kBlockM, kChunked ? kChunk : kBlockN>;
+  using TileOrder = KbTileOrder<kBlockM, kBlockN>;
   // The tile ring (KbTileWriter, KbTileReader): the load thread runs at most kQStages blocks ahead.
   static constexpr int kTileSlots = 8;
   using TilePipeline = cutlass::PipelineAsync<kTileSlots>;
@@ -230,11 +172,10 @@ struct SpPpConfig {
   static constexpr int kThreads = kWarpgroupThreads * (kDkWarpgroupIndex + (kDkWarpgroup ? 1 : 0));
   static constexpr int kCtasPerSm = 1;  // (shared memory): a persistent grid of one CTA per SM
   static constexpr int kLoadWarp = 0;   // Q, K and the tiles
-  static constexpr int kDpWarp = 1;     // dP
-  static constexpr int kDqWarp = 2;     // dQ's stores (kDqInDs)
+  static constexpr int kDpWarp = 1;     // dP, and dQ's stores
   // With a dK warpgroup the consumers give up dK's 64 registers and the dK warpgroup holds all 128 keys' (128).
-  // The load threads' walks (a head's chunk positions, the static walk of mirrored pairs) spill at 24 registers,
-  // not at 32: the dK warpgroup gives up the 8. Without it the consumers' 240 leave the producers 24.
+  // The load thread's static walk of mirrored pairs spills at 24 registers, not at 32: the dK warpgroup gives up
+  // the 8. Without it the consumers' 240 leave the producers 24.
   static constexpr int kProducerRegs = kDkWarpgroup ? 32 : 24;
   static constexpr int kConsumerRegs = kDkWarpgroup ? 160 : 240;
   static constexpr int kDkRegs = 160;
@@ -242,19 +183,13 @@ struct SpPpConfig {
   static_assert(kWarpgroupThreads * (kProducerRegs + kConsumers * kConsumerRegs + (kDkWarpgroup ? kDkRegs : 0)) <=
                     kThreads * kLaunchRegs,
                 "the launch allocation holds the roles");
-  // Readers of the tile ring: every consumer thread, the dP load thread, the dK warpgroup's threads and, with
-  // kDqInDs, the dQ thread.
-  static constexpr int kTileReaders =
-      kConsumerThreads + 1 + (kDkWarpgroup ? kWarpgroupThreads : 0) + (kDqInDs ? 1 : 0);
+  // Readers of the tile ring: every consumer thread, the dP load thread and the dK warpgroup's threads.
+  static constexpr int kTileReaders = kConsumerThreads + 1 + (kDkWarpgroup ? kWarpgroupThreads : 0);
   // Q's readers that release its slots: both consumers (each reads every block's Q), or with a dK warpgroup the
   // block's owner (its S) and the dK warpgroup: 256 threads either way.
   static constexpr int kQReleasers = 2 * kWarpgroupThreads;
   // Arrivals that free a dS buffer: its owner's and the other consumer's, or the owner's and the dK warpgroup's.
   static constexpr int kDsReaders = 2 * kWarpgroupThreads;
-  // With kDqInDs, a dS buffer is read by its block's products (ds_read: the owner's 128 threads once its dQ product
-  // is done, the dK warpgroup's once its own is), then holds the block's dQ (dq_full: the owner's 128 threads once
-  // staged) until the dQ thread's store has read it (ds_free: that thread alone).
-  static constexpr int kDsFreeArrivals = kDqInDs ? 1 : kDsReaders;
   using Trace = NoTrace;  // the step micro-benchmark's configs time the phases (trace.h)
   // A consumer's statistics slots, per peer, by the parity of its exchanges with that peer: the peer pushes its
   // x-th exchange of a consumer only after it received this CTA's (x − 1)-th, which this consumer's warpgroup
@@ -288,12 +223,8 @@ struct SpPpConfig {
     alignas(8) uint64_t k_full[kKBuffers];   // K of a tile loaded (TMA's transaction count)
     alignas(8) uint64_t k_empty[kKBuffers];  // its last products, every consumer thread's, complete
     // By dS buffer: free for the dS of its next block, its block's three products done (every consumer thread
-    // arrives once its own are; with a dK warpgroup, the owner's and the dK warpgroup's threads), or with kDqInDs
-    // its block's dQ read by the dQ thread's store.
+    // arrives once its own are; with a dK warpgroup, the owner's and the dK warpgroup's threads).
     alignas(8) uint64_t ds_free[kDsBuffers];
-    // With kDqInDs, by dS buffer: its dS read by every product, and its block's dQ staged in it.
-    alignas(8) uint64_t ds_read[kDqInDs ? kDsBuffers : 1];
-    alignas(8) uint64_t dq_full[kDqInDs ? kDsBuffers : 1];
     // With a dK warpgroup, by dS buffer: its block's dS written (its owner's 128 threads arrive).
     alignas(8) uint64_t ds_full[kDkWarpgroup ? kDsBuffers : 1];
     // In a cluster, by consumer, peer and exchange parity: the peer's (LSE, D) of each row of the consumer's block
@@ -318,11 +249,6 @@ struct SpPpConfig {
   // others share every block of theirs (with key block 0's).
   CUTE_HOST_DEVICE static bool shared_block(const TileOrder& order, int nb, int mb) {
     return kCluster > 1 && (nb > 0 || mb >= order.first_row_block(1));
-  }
-
-  // With chunks, the walk of CTA `rank` (its key block of the tile order) over a head.
-  CUTE_HOST_DEVICE static SpChunkWalk walk(const Params& params, int rank) {
-    return {params.order.row_blocks, params.order.group, kCluster, int((params.prob.Sk + kChunk - 1) / kChunk), rank};
   }
 };
 

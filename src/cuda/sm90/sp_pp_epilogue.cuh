@@ -1,7 +1,7 @@
 // The pingpong single pass's epilogues: a block's dQ, finished (KbFinish), rounded into a staging tile (the block's
-// dP slot, or with kDqInDs its dS buffer, sp_pp_mainloop.cuh) by stmatrix, and stored from there by one TMA that
-// the dP load thread issues before it loads the slot again (the dQ thread, with kDqInDs: sp_pp_producer.cuh); dK
-// of a tile is stored by kb_store_dk (kb_epilogue.cuh) from each consumer's accumulator.
+// dP slot, sp_pp_mainloop.cuh) by stmatrix, and stored from there by one TMA that the dP load thread issues before
+// it loads the slot again (sp_pp_producer.cuh); dK of a tile is stored by kb_store_dk (kb_epilogue.cuh) from each
+// consumer's accumulator.
 #pragma once
 
 #include <cutlass/arch/barrier.h>

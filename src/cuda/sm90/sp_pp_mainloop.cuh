@@ -7,8 +7,6 @@
 //   tile has it), each a batch; then the other's turn opened;
 //   as they complete: the Q slots handed back and both dS buffers announced read; dQ(j) staged in dP(j)'s slot
 //   and the slot handed back: the dP load thread stores dQ(j) from it by TMA before it loads the slot again.
-//   With kDqInDs dP(j)'s slot goes back after the statistics, and dQ(j) is staged in dS(j)'s buffer once every
-//   product has read it, for the dQ thread's store.
 // In a cluster, the statistics of a block whose rows see keys of other CTAs are combined with theirs
 // (sp_pp_exchange.cuh) before dS.
 // S(j + 2) runs during the other consumer's element-wise work and turn, and each warpgroup's exponentials and
@@ -87,9 +85,8 @@ struct SpPpMainloop {
     // dS in buffer 0 (a slot or buffer is one whole tile further).
     const auto dp_addr = matrix_addresses(typename Cfg::CopydP{}.get_thread_slice(tid).partition_S(sdP(_, _, 0)));
     const auto ds_addr = matrix_addresses(typename Cfg::CopydS{}.get_thread_slice(tid).partition_D(sdS(_, _, 0)));
-    // dQ staged in its block's dP slot (SpDqStore), from where the dP load thread stores it; with kDqInDs in its
-    // block's dS buffer, from where the dQ thread stores it.
-    const SpDqStore<Cfg> dq_out{params, Cfg::kDqInDs ? st.ds.data() : st.dp.data()};
+    // dQ staged in its block's dP slot (SpDqStore), from where the dP load thread stores it.
+    const SpDqStore<Cfg> dq_out{params, st.dp.data()};
     const auto dq_addr = dq_out.addresses(tid);  // (A, CPY_M, CPY_N) of slot (buffer) 0
 
     // dK_w over a block's rows: its A operand from the block's dS buffer, Q from the block's slot.
@@ -101,33 +98,26 @@ struct SpPpMainloop {
     };
 
     int g = 0;        // the CTA's blocks so far (both consumers')
-    int turns = 0;    // the turns so far (both consumers'): the blocks, and with chunks the positions passed on
     int k_loads = 0;  // tiles with blocks so far
-    // With chunks: the blocks whose Q has been read by their owners (every block up to this consumer's latest
-    // turn), and the block whose S is issued ahead, −1 where none.
-    int read = 0, s_ahead = -1;
     FragS tSrS;       // (MMA, 1, 1) fp32: S of this consumer's next block
-    // S(j) from the tile's K (buffer k_use), Q(j) awaited. (Over all 128 keys in a half step too: an N = 64 form
-    // into half of the accumulator made ptxas serialise the products for want of registers, C7511.)
+    // S(j) from the tile's K (buffer k_use), Q(j) awaited.
     const auto issue_s = [&](int j, const KBufferUse<Cfg>& k_use) {
       const auto q_state = block_state<kQStages>(j);
       q_pipe.consumer_wait(q_state);
       warpgroup_mma<size<2>(decltype(tSsQ.layout()){}), true, false>(mma_s, tSsQ(_, _, _, q_state.index()),
                                                                     tSsK(_, _, _, k_use.buffer), tSrS);
     };
-    // This consumer's block j, row block `block`, of the tile's keys (the K tile's rows 0-63 from key n0, 64-127
-    // from key n1); s_issued: S(j) issued ahead (else issued here); j_next: its next block of the tile whose S its
-    // turn issues, −1 where none; half: block j is a half step (kHalfSteps); prev, last: the other consumer's block
-    // j − 1 is of the tile, block j is the tile's last.
-    const auto block_step = [&](int j, bool s_issued, int j_next, bool half, int block, int64_t n0, int64_t n1,
-                                const KBufferUse<Cfg>& k_use, bool prev, bool last) __attribute__((always_inline)) {
+    // This consumer's block j, row block `block`, of the tile's keys (from key n0), its S issued ahead; j_next: its
+    // next block of the tile, whose S its turn issues, −1 where none; prev, last: the other consumer's block j − 1 is
+    // of the tile, block j is the tile's last.
+    const auto block_step = [&](int j, int j_next, int block, int64_t n0, const KBufferUse<Cfg>& k_use, bool prev,
+                                bool last) __attribute__((always_inline)) {
       const int64_t m0 = int64_t(block) * kBlockM;
       const auto q_state = block_state<kQStages>(j);
       const auto p_state = block_state<kPStages>(j);
       const bool next = j_next >= 0;  // this consumer's next block, in this tile
 
       // S(j) done (issued ahead: at the tile's start, or in an earlier turn); dP(j) read; the statistics.
-      if (!s_issued) issue_s(j, k_use);
       p_pipe.consumer_wait(p_state);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
@@ -136,11 +126,9 @@ struct SpPpMainloop {
       load_matrices(dp_addr, uint32_t(p_state.index()) * kTileBytes,
                     typename Cfg::CopydP{}.get_thread_slice(tid).retile_D(tSrdP));
       trace.mark(PpTracePhase::kWaitS);
-      const bool cut = softmax.cut(m0, n0, n1);
+      const bool cut = softmax.cut(m0, n0);
       float m[kRows], f[kRows], fd[kRows];  // (f, fd: l and u until the factors)
-      softmax.sums(tSrS, tSrdP, m0, n0, n1, cut, m, f, fd);
-      // (With kDqInDs dP's slot goes back once the sums have consumed every register its ldmatrix filled.)
-      if constexpr (Cfg::kDqInDs) release_slot(st.p_pipe, p_state);
+      softmax.sums(tSrS, tSrdP, m0, n0, cut, m, f, fd);
       uint32_t peers = 0;  // (a lone CTA holds every key of its rows)
       if constexpr (Cfg::kCluster > 1) peers = exchange.peers_of(block);
       if (peers != 0) {
@@ -156,7 +144,7 @@ struct SpPpMainloop {
       FragS16 tSrdS;  // (MMA, 1, 1)
       softmax.ds(tSrS, tSrdP, cut, f, fd, tSrdS);
       trace.mark(PpTracePhase::kSoftmax);
-      // dS(j)'s buffer: block j − 3's products done (with kDqInDs, block j − 3's dQ stored from it).
+      // dS(j)'s buffer: block j − 3's products done.
       if (j >= Cfg::kDsBuffers) cutlass::arch::ClusterBarrier::wait(&st.ds_free[Cfg::ds_buffer(j)], Cfg::ds_phase(j - Cfg::kDsBuffers));
       trace.mark(PpTracePhase::kDsFree);
       store_matrices(ds_addr, uint32_t(Cfg::ds_buffer(j)) * kTileBytes,
@@ -175,17 +163,16 @@ struct SpPpMainloop {
       // consumer's turn opened. Then, as they complete: the Q slots handed back and dS(j − 1) announced read by
       // this consumer; dS(j) announced read (its dK and dQ products done); dQ(j) staged in dP(j)'s slot (its dP
       // in registers since the statistics, each warp its own rows) and the slot handed back to the dP load
-      // thread, which stores dQ(j) from it (with kDqInDs, staged in dS(j)'s buffer once the dK warpgroup has read
-      // it too, for the dQ thread). S(j + 2) runs on into the other consumer's turn.
+      // thread, which stores dQ(j) from it. S(j + 2) runs on into the other consumer's turn.
       cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kTurnBarrier + w);
       trace.mark(PpTracePhase::kTurnWait);
       const auto q_prev = block_state<kQStages>(j - 1);
       // (Compiled once per case, each with its own constant waits; inlined: a call would pass the fragments
       // through the stack.)
-      const auto turn = [&](auto has_prev, auto has_next, auto is_half) __attribute__((always_inline)) {
+      const auto turn = [&](auto has_prev, auto has_next) __attribute__((always_inline)) {
         [[maybe_unused]] constexpr bool kPrev = decltype(has_prev)::value;  // (read without a dK warpgroup)
         constexpr bool kNext = decltype(has_next)::value;
-        constexpr int kDqBlocks = size<2>(decltype(tdQsdS.layout()){}) / (decltype(is_half)::value ? 2 : 1);
+        constexpr int kDqBlocks = size<2>(decltype(tdQsdS.layout()){});
         if constexpr (!kDkWarpgroup) {  // (with a dK warpgroup, dK is its own)
           if constexpr (kPrev) q_pipe.consumer_wait(q_prev);  // (its owner awaited it; this consumer reads it too)
           warpgroup_fence_operand(tdKrdK);
@@ -195,7 +182,6 @@ struct SpPpMainloop {
           warpgroup_commit_batch();
         }
         FragdQ tdQrdQ;  // (MMA, 1, 1) fp32
-        // (A half step's dQ over dS's first 64 columns, the early chunk's keys: its k-blocks 0-3.)
         warpgroup_mma<kDqBlocks, true, false>(mma_dq, tdQsdS(_, _, _, Cfg::ds_buffer(j)), tdQsK(_, _, _, k_use.buffer),
                                               tdQrdQ);
         if constexpr (kNext) issue_s(j_next, k_use);
@@ -213,48 +199,28 @@ struct SpPpMainloop {
         }
         warpgroup_wait<kAfterDq>();
         warpgroup_fence_operand(tdQrdQ);
-        if constexpr (Cfg::kDqInDs) {
-          // dS(j) read by every product (this consumer's dQ, the dK warpgroup's): dQ(j) staged in its buffer, from
-          // where the dQ thread stores it before block j + 3 writes its dS there.
-          const int buf = Cfg::ds_buffer(j);
-          cutlass::arch::ClusterBarrier::arrive(&st.ds_read[buf]);
-          cutlass::arch::ClusterBarrier::wait(&st.ds_read[buf], Cfg::ds_phase(j));
-          trace.mark(PpTracePhase::kWaitProducts);
-          dq_out.stage(tdQrdQ, dq_addr, buf, tid);
-          cutlass::arch::ClusterBarrier::arrive(&st.dq_full[buf]);
-        } else {
-          cutlass::arch::ClusterBarrier::arrive(&st.ds_free[Cfg::ds_buffer(j)]);
-          trace.mark(PpTracePhase::kWaitProducts);
-          dq_out.stage(tdQrdQ, dq_addr, p_state.index(), tid);
-          release_slot(st.p_pipe, p_state);  // (the dP load thread stores dQ from the slot before loading it again)
-        }
+        cutlass::arch::ClusterBarrier::arrive(&st.ds_free[Cfg::ds_buffer(j)]);
+        trace.mark(PpTracePhase::kWaitProducts);
+        dq_out.stage(tdQrdQ, dq_addr, p_state.index(), tid);
+        release_slot(st.p_pipe, p_state);  // (the dP load thread stores dQ from the slot before loading it again)
         trace.mark(PpTracePhase::kStoreDq);
       };
-      constexpr std::false_type kFull{};
-      if constexpr (kDkWarpgroup) {
-        const auto turn_of = [&](auto is_half) __attribute__((always_inline)) {
-          if (next) {
-            turn(std::false_type{}, std::true_type{}, is_half);
-          } else {
-            turn(std::false_type{}, std::false_type{}, is_half);
-          }
-        };
-        // (Without half steps `half` is false and both calls are the full step's.)
-        if (half) {
-          turn_of(std::bool_constant<Cfg::kHalfSteps>{});
+      if constexpr (kDkWarpgroup) {  // (kPrev unread: dK is the dK warpgroup's)
+        if (next) {
+          turn(std::false_type{}, std::true_type{});
         } else {
-          turn_of(kFull);
+          turn(std::false_type{}, std::false_type{});
         }
       } else if (prev) {
         if (next) {
-          turn(std::true_type{}, std::true_type{}, kFull);
+          turn(std::true_type{}, std::true_type{});
         } else {
-          turn(std::true_type{}, std::false_type{}, kFull);
+          turn(std::true_type{}, std::false_type{});
         }
       } else if (next) {
-        turn(std::false_type{}, std::true_type{}, kFull);
+        turn(std::false_type{}, std::true_type{});
       } else {
-        turn(std::false_type{}, std::false_type{}, kFull);
+        turn(std::false_type{}, std::false_type{});
       }
     };
     // The turns run on across tiles: consumer 0 takes the CTA's first.
@@ -264,68 +230,6 @@ struct SpPpMainloop {
       const KbWork<Cfg> work(params.order, tile);
       const KBufferUse<Cfg> k_use(k_loads);
       exchange.mirrored = work.mirrored;
-      if constexpr (Cfg::kChunked) {
-        // The walk's positions, position k of the tile consumer (turns + k) mod 2's in every CTA of the cluster: a
-        // block where this CTA sees a chunk, a turn passed on where it sees none.
-        const SpChunkWalk walk = Cfg::walk(params, work.nb);
-        const int64_t n0 = int64_t(walk.early()) * Cfg::kChunk, n1 = int64_t(walk.late()) * Cfg::kChunk;
-        const int positions = walk.positions(), blocks = walk.blocks();
-        const auto mine = [&](int k) { return ((turns + k) & 1) == w; };
-        const auto seen = [&](int k) { return walk.seen(walk.row_block(k)) > 0; };
-        const auto half = [&](int k) { return Cfg::kHalfSteps && walk.seen(walk.row_block(k)) == 1; };
-        // This consumer's next block after position k (blocks numbered from j at position k + 1), −1 where the tile
-        // has none.
-        const auto next_block = [&](int k, int j) {
-          for (++k; k < positions; ++k) {
-            if (!seen(k)) continue;
-            if (mine(k)) return j;
-            ++j;
-          }
-          return -1;
-        };
-        // S of block j issued ahead only where Q(j − kQStages), the previous block of its Q slot, has been read
-        // (j < read + kQStages): a slot's barrier tells its phases apart by parity alone, so that a wait two
-        // phases ahead would pass on an older one, and the slot's load waits on blocks whose turns are this
-        // consumer's to pass. Else S(j) is issued at block j's own step.
-        const auto ahead = [&](int j_next) { return j_next >= 0 && j_next < read + kQStages ? j_next : -1; };
-        if (blocks > 0) {
-          ++k_loads;
-          Cfg::TxBarrier::wait(&st.k_full[k_use.buffer], k_use.phase);
-          s_ahead = ahead(next_block(-1, g));
-          if (s_ahead >= 0) issue_s(s_ahead, k_use);
-        }
-        trace.mark(PpTracePhase::kTileStart);
-        int j = g;  // the block of position k, where it is one
-#pragma unroll 1
-        for (int k = 0; k < positions; ++k) {
-          if (!mine(k)) {
-            j += seen(k) ? 1 : 0;
-            continue;
-          }
-          if (seen(k)) {  // (in its turn every block up to j has been read)
-            read = j + 1;
-            const int j_next = ahead(next_block(k, j + 1));
-            block_step(j, s_ahead == j, j_next, half(k), walk.row_block(k), n0, n1, k_use, false, false);
-            s_ahead = j_next;
-            ++j;
-          } else {  // the turn passed on (in it every block before j has been read), S issued ahead where it may be
-            cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kTurnBarrier + w);
-            read = j;
-            const int j_next = next_block(k, j);
-            if (s_ahead != j_next && ahead(j_next) >= 0) {
-              issue_s(j_next, k_use);
-              s_ahead = j_next;
-            }
-            cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTurnBarrier + other);
-          }
-        }
-        g += blocks;
-        turns += positions;
-        // K is read no more by this consumer (its last S and dQ products are done).
-        if (blocks > 0) cutlass::arch::ClusterBarrier::arrive(&st.k_empty[k_use.buffer]);
-        trace.mark(PpTracePhase::kTileEnd);
-        continue;
-      }
       const int g0 = g, g_end = g + work.steps;
       if constexpr (!kDkWarpgroup) {
         mma_dk.accumulate_ = GMMA::ScaleOut::One;
@@ -345,11 +249,9 @@ struct SpPpMainloop {
         const int block = at.block;
         work.advance(at);
         work.advance(at);  // (at: this consumer's next block)
-        block_step(j, true, j + 2 < g_end ? j + 2 : -1, false, block, work.n0, work.n0 + Cfg::kChunk, k_use, j > g0,
-                   j + 1 == g_end);
+        block_step(j, j + 2 < g_end ? j + 2 : -1, block, work.n0, k_use, j > g0, j + 1 == g_end);
       }
       g = g_end;
-      turns = g;
       if (work.steps > 0) {
         // K is read no more by this consumer (its last S and dQ products are done).
         cutlass::arch::ClusterBarrier::arrive(&st.k_empty[k_use.buffer]);
@@ -374,7 +276,7 @@ struct SpPpMainloop {
       trace.mark(PpTracePhase::kTileEnd);
     }
     // The last turn opened one that nobody takes: its owner passes it, so that no barrier keeps arrivals.
-    if ((turns & 1) == w) cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kTurnBarrier + w);
+    if ((g & 1) == w) cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kTurnBarrier + w);
   }
 };
 

@@ -1,6 +1,6 @@
 // The pingpong single pass's element-wise work (sp_pp_mainloop.cuh): a consumer holds S = Q Kᵀ of its block,
-// (64 rows, the CTA's 128 keys from n0; with chunks, 64 from n0 and 64 from n1), a thread 2 rows × 32 keys, a row's keys in the 4 lanes of a quad, so
-// that a row's sums over the CTA's keys are the warpgroup's own, 2 shuffles per reduction. For each row, over the
+// (64 rows, the CTA's 128 keys from n0), a thread 2 rows × 32 keys, a row's keys in the 4 lanes of a quad, so that a
+// row's sums over the CTA's keys are the warpgroup's own, 2 shuffles per reduction. For each row, over the
 // keys it sees:
 //   x = S·scale·log2e (one FFMA inside the exponent), m = max x, p = 2^(x − m), l = Σ p, u = Σ p · dP;
 //   one CTA: f = fold / l, fd = f · u / l (D = u / l); in a cluster, with the other CTAs' statistics
@@ -39,20 +39,13 @@ struct SpPpSoftmax {
     return make_tensor(tScS.data(), rowcol(tScS.layout()));                                       // (rows, keys)
   }
 
-  // Whether the block of rows [m0, m0 + 64) has keys of the CTA that some row does not see (its element-wise code
-  // then masks; a block without is compiled without the compares): the keys from n0, or with chunks the chunks
-  // from n0 (the tile's first 64 keys) and from n1 (its last 64).
-  __device__ bool cut(int64_t m0, int64_t n0, int64_t n1) const {
-    if constexpr (Cfg::kChunked) {
-      return keys.cuts(m0, Cfg::kBlockM, n0, Cfg::kChunk) || keys.cuts(m0, Cfg::kBlockM, n1, Cfg::kChunk);
-    } else {
-      return keys.cuts(m0, Cfg::kBlockM, n0, Cfg::kBlockN);
-    }
-  }
+  // Whether the block of rows [m0, m0 + 64) has keys of the CTA (from n0) that some row does not see (its
+  // element-wise code then masks; a block without is compiled without the compares).
+  __device__ bool cut(int64_t m0, int64_t n0) const { return keys.cuts(m0, Cfg::kBlockM, n0, Cfg::kBlockN); }
 
   // The sums of the block's rows over the CTA's keys: S (overwritten) into p, masked, and each row's m (0 where the
   // row sees none of the keys), l and u (of every lane of its quad).
-  __device__ void sums(FragS& tSrS, const FragS16& tSrdP, int64_t m0, int64_t n0, int64_t n1, bool is_cut,
+  __device__ void sums(FragS& tSrS, const FragS16& tSrdP, int64_t m0, int64_t n0, bool is_cut,
                        float (&m_out)[kRows], float (&l_out)[kRows], float (&u_out)[kRows]) const {
     Tensor s = make_tensor(tSrS.data(), RowCol{});          // (rows, keys)
     const Tensor dp = make_tensor(tSrdP.data(), RowCol{});  // (rows, keys)
@@ -71,18 +64,9 @@ struct SpPpSoftmax {
         CUTE_UNROLL
         for (int ri = 0; ri < kRows; ++ri) {
           const int64_t row = m0 + get<0>(rc(ri, 0));
-          if constexpr (Cfg::kChunked) {  // the tile's key c: n0 + c (c < 64) or n1 + c − 64
-            const int end0 = keys.cols_in(row, n0, Cfg::kChunk), end1 = keys.cols_in(row, n1, Cfg::kChunk);
-            CUTE_UNROLL
-            for (int ci = 0; ci < kKeys; ++ci) {
-              const int c = get<1>(rc(ri, ci));
-              s(ri, ci) = (c < Cfg::kChunk ? c < end0 : c - Cfg::kChunk < end1) ? s(ri, ci) : -INFINITY;
-            }
-          } else {
-            const int end = keys.cols_in(row, n0, Cfg::kBlockN);
-            CUTE_UNROLL
-            for (int ci = 0; ci < kKeys; ++ci) s(ri, ci) = get<1>(rc(ri, ci)) < end ? s(ri, ci) : -INFINITY;
-          }
+          const int end = keys.cols_in(row, n0, Cfg::kBlockN);
+          CUTE_UNROLL
+          for (int ci = 0; ci < kKeys; ++ci) s(ri, ci) = get<1>(rc(ri, ci)) < end ? s(ri, ci) : -INFINITY;
         }
       }
       // Both rows at each stage, so that their dependency chains (trees, shuffles) overlap.

@@ -116,7 +116,8 @@ INSTANTIATE_TEST_SUITE_P(Edges, GpuSpVariants, ::testing::ValuesIn(variant_cases
 
 // The pingpong single pass in clusters (src/cuda/sm90/sp_pp_exchange.cuh): C = Sk / 128 CTAs (rounded up) of 128
 // keys each, every row block's statistics combined over the CTAs whose keys it sees, dQ added by each into dQ
-// cleared before where CTAs share the block, stored by CTA 0 where it alone sees it (causal: rows before 128).
+// cleared before where CTAs share the block, stored by the CTA of key block 0 where it alone sees it (causal: rows
+// before 128).
 // Against the CPU backend; run twice, dK bit for bit (each CTA's own keys, a fixed order) and, in
 // clusters of two, dQ too (two partials added into zero: the same in either order).
 void check_cluster(const Case& c) {

@@ -288,7 +288,8 @@ struct KbWork {
   }
 };
 
-// The load thread's side of the tile ring: it takes the CTA's first tile, its own index, without the counter,
+// The load thread's side of the tile ring: it takes the CTA's first tile (KbTileOrder::first_tile: its own index,
+// unless heads go in pairs) without the counter,
 // publishes every index it takes (the end of work, the order's tiles, included, so that every reader stops),
 // and claims the next one (one atomicAdd) at the start of its current tile's last step: late, so that a CTA
 // holds a claim on a tile it has not begun for as little as the claim's latency needs (a claim made a whole
@@ -318,7 +319,7 @@ class KbTileWriter {
     return index < params_.order.tiles();
   }
 
-  // The index of the CTA's next tile after `current` (kb_claimed_tile; dealt statically: `grid` past it).
+  // The index of the CTA's next tile after `current` (kb_claimed_tile; dealt statically: KbTileOrder::next_tile).
   __device__ int claim(int current) const {
     if constexpr (Cfg::kStaticTiles) {
       return params_.order.template next_tile<Cfg::kPairs>(current, int(gridDim.x));

@@ -21,12 +21,12 @@
 
 namespace qksoftmax::cuda {
 
-// The TMA descriptors of a key-block step's inputs, each load filling the K tile and a P slot, or the given parts of
-// them (KLoad, PLoad: the pingpong single pass's chunks).
-template <class KbCfg, class KLoad = typename KbCfg::SmemLayoutK,
-          class PLoad = decltype(typename KbCfg::SmemLayoutP{}(cute::_, cute::_, 0))>
+// The TMA descriptors of a key-block step's inputs, each load filling a Q slot, the K tile and a P slot.
+template <class KbCfg>
 typename KbCfg::Loads kb_loads(const Problem& prob) {
   using namespace cute;
+  using KLoad = typename KbCfg::SmemLayoutK;
+  using PLoad = decltype(typename KbCfg::SmemLayoutP{}(_, _, 0));
   const auto [q, k, dp, p] = sm90::backward_views<typename KbCfg::Element, typename KbCfg::HD>(prob);
   return {make_tma_copy(SM90_TMA_LOAD{}, q, typename KbCfg::SmemLayoutQ{}(_, _, 0)),
           make_tma_copy(SM90_TMA_LOAD{}, k, KLoad{}), make_tma_copy(SM90_TMA_LOAD{}, dp, PLoad{}),

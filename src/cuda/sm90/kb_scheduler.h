@@ -91,9 +91,10 @@ struct KbTileOrder {
   // walks them up: CTA r's 2C − 2r blocks of the first head end as its first block of the second comes due at the
   // other CTAs' pace (C = key_blocks, 2C row blocks, one query head per key head: row block i of the first head
   // at step 2C − 1 − i, of the second at step i + 2), and every CTA runs 2C + 2 steps per pair, against 2C per head
-  // when CTA 0's keys set the cluster's pace. The rows that two CTAs share are walked in one order by both, and each
-  // CTA's row block i is its consumer (i + g0) mod 2's (g0: its blocks before the head, even for every CTA of the
-  // cluster where pairable() holds), as the statistics' exchange needs.
+  // when CTA 0's keys set the cluster's pace. The rows that two CTAs share are walked in one order by both, and a
+  // CTA's block at position k of the head's walk (row blocks by query head in turn) is its consumer (k + g0) mod 2's
+  // (g0: its blocks before the head, of one parity for every CTA of the cluster where pairable() holds), so that a
+  // shared block is the same consumer's in each, as the statistics' exchange needs.
   void pair_heads() {
     by_head();
     paired = true;

@@ -69,7 +69,7 @@ Status run_sm90_single_pass(const Problem& prob, CUstream_st* stream, [[maybe_un
       cute::make_stride(prob.dq.sr, cute::_1{}, prob.dq.sh, prob.dq.sb));
   constexpr int kCluster = SpCfg::kCluster;
   typename SpCfg::Params params{prob,
-                                kb_loads<SpCfg, typename SpCfg::SmemLayoutKLoad, typename SpCfg::SmemLayoutPLoad>(prob),
+                                kb_loads<SpCfg>(prob),
                                 make_tma_copy(cute::SM90_TMA_STORE{}, dq, typename SpCfg::SmemLayoutdQ{}),
                                 typename SpCfg::TmaAddedQ{}, SpCfg::TileOrder::of(prob, head_bytes)};
   if constexpr (kCluster == 1) {

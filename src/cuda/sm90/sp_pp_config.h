@@ -52,7 +52,7 @@ struct SpPpConfig {
   static_assert(kBlockN == kSpBlockN, "dispatch.cu sizes the single pass's clusters by sm90_instances.h's kSpBlockN");
   static constexpr int kConsumers = 2;
   static constexpr int kHalf = kBlockN / kConsumers;  // keys of a consumer's dK
-  static constexpr bool kStaticTiles = true;          // KbTileWriter::claim: CTA c's tiles are c, c + grid, …
+  static constexpr bool kStaticTiles = true;          // KbTileWriter::claim: KbTileOrder's static walk
   // Causal heads in mirrored pairs (KbTileOrder::pair_heads) where the launch pairs them: in clusters.
   static constexpr bool kPairs = kCluster_ > 1;
   // kDkWarpgroup (dispatched; false gives the step benchmark's and kernel tests' second form, where each consumer
@@ -106,11 +106,10 @@ struct SpPpConfig {
                 "a dP slot holds a block's dQ");
 
   // What one TMA load fills: a Q slot, the K tile, a dP slot.
-  using SmemLayoutKLoad = SmemLayoutK;
-  using SmemLayoutPLoad = decltype(SmemLayoutP{}(_, _, 0));  // (rows, keys)
+  using SmemLayoutPSlot = decltype(SmemLayoutP{}(_, _, 0));  // (rows, keys)
   using TmaQ = TmaLoad<Element, HD, decltype(SmemLayoutQ{}(_, _, 0))>;
-  using TmaK = TmaLoad<Element, HD, SmemLayoutKLoad>;
-  using TmaP = TmaLoad<Element, int32_t, SmemLayoutPLoad>;
+  using TmaK = TmaLoad<Element, HD, SmemLayoutK>;
+  using TmaP = TmaLoad<Element, int32_t, SmemLayoutPSlot>;
   struct Loads {  // (kb_loads; p unused: recompute)
     TmaQ q;
     TmaK k;

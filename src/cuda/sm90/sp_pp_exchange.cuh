@@ -1,7 +1,8 @@
 // The pingpong single pass's row statistics across a cluster (sp_pp_config.h, kCluster): CTA r of a cluster holds
 // keys [128 r, 128 r + 128) of a (batch, key head) (in a mirrored tile, KbTileOrder::paired, key block C − 1 − r)
-// and walks the row blocks that see them (causal: from row block 2r, or down to it). A row block is a block of every CTA whose keys it sees, of the same consumer warpgroup in each (the blocks
-// a CTA skips are an even number per head). Its owner in each CTA reduces its rows over its own keys
+// and walks the row blocks that see them (causal: from row block 2·nb up, or in a descending tile down to it). A
+// row block is a block of every CTA whose keys it sees, walked in one order by all and of the same consumer
+// warpgroup in each (each CTA's blocks before a head are of one parity: KbTileOrder::pairable). Its owner in each CTA reduces its rows over its own keys
 // (SpPpSoftmax::sums), pushes each row's (LSE_r, D_r) over those keys, in log2 units, into a slot of every other
 // CTA of the row block (st.async completing bytes on the slot's barrier, awaited at CTA scope), and combines the
 // CTAs' partials (SpPpSoftmax::factors_of):

@@ -742,13 +742,12 @@ void check_paired_walk(int clusters, int heads, int row_blocks, int group, int g
       const int head = tile.b * heads + tile.kv_head;
       ASSERT_EQ(tile.nb, head % 2 == 0 ? rank : clusters - 1 - rank) << "tile " << i;
       ASSERT_EQ(tile.mirrored, head % 2 == 1);
-      ASSERT_EQ(tile.descending, head % 2 == 0);
       if (head % 2 == 1) EXPECT_EQ(previous_head, head - 1) << "a pair's heads one after the other";
       previous_head = head;
       const int first = order.first_row_block(tile.nb);
       for (int qh = 0; qh < group; ++qh) {
         for (int t = first; t < row_blocks; ++t) {
-          blocks[size_t(c)].push_back({head, qh, tile.descending ? row_blocks - 1 - (t - first) : t});
+          blocks[size_t(c)].push_back({head, qh, tile.mirrored ? t : row_blocks - 1 - (t - first)});
         }
       }
     }

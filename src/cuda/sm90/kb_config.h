@@ -263,7 +263,7 @@ template <class Cfg>
 struct KbWork {
   int64_t b, kv_head, n0, group;
   int nb, first_row_block, row_blocks, steps;
-  bool descending, mirrored;  // (KbTile; read where Cfg::kPairs)
+  bool mirrored, descending;  // (KbTile::mirrored; the first head of a pair walks down; read where Cfg::kPairs)
 
   __device__ KbWork(const typename Cfg::TileOrder& order, const KbTile& tile)
       : b(tile.b),
@@ -274,8 +274,8 @@ struct KbWork {
         first_row_block(order.first_row_block(tile.nb)),
         row_blocks(order.row_blocks),
         steps(order.steps(tile.nb)),
-        descending(tile.descending),
-        mirrored(tile.mirrored) {}
+        mirrored(tile.mirrored),
+        descending(order.paired && !tile.mirrored) {}
   __device__ StepCursor first() const {
     return {kv_head * group, Cfg::kPairs && descending ? row_blocks - 1 : first_row_block};
   }

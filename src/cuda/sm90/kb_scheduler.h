@@ -40,10 +40,16 @@ namespace qksoftmax::cuda::sm90 {
 // a span, 32–64 MB: under the static walk, which spread the span further, the loads hit L2 16 % of the time.
 constexpr int64_t kKbSectionL2Bytes = int64_t(8) << 20;
 
+// The tile that a claim takes (host and device): the counter's old value `claim` (the row statistics set it to 0;
+// each CTA claims once per tile it runs, so it ends at `tiles` and never overflows) is the tile `grid` past it,
+// the CTAs' first tiles being their own indices; past the last tile, `tiles`, the end of work.
+CUTE_HOST_DEVICE int kb_claimed_tile(int claim, int grid, int tiles) {
+  return int64_t(claim) + grid < tiles ? claim + grid : tiles;
+}
+
 struct KbTile {
-  int b, kv_head, nb;       // batch, key head, block of keys
-  bool descending = false;  // its row blocks walked from the last (KbTileOrder::paired)
-  bool mirrored = false;    // CTA r of its cluster holds key block C − 1 − r, not r (KbTileOrder::paired)
+  int b, kv_head, nb;     // batch, key head, block of keys
+  bool mirrored = false;  // paired, second of its pair: CTA r holds key block C − 1 − r (the first walks its rows down)
 };
 
 // A problem's tiles in the order the CTAs take them, and the steps of each (host and device; the launch
@@ -116,8 +122,8 @@ struct KbTileOrder {
   }
   template <bool kMayPair = true>
   CUTE_HOST_DEVICE int next_tile(int current, int grid) const {
-    const int64_t step =
-        !(kMayPair && paired) ? grid : (current / key_blocks) % 2 == 0 ? key_blocks : 2 * int64_t(grid) - key_blocks;
+    if (!(kMayPair && paired)) return kb_claimed_tile(current, grid, tiles());
+    const int64_t step = (current / key_blocks) % 2 == 0 ? key_blocks : 2 * int64_t(grid) - key_blocks;
     return current + step < tiles() ? int(current + step) : tiles();
   }
 
@@ -127,7 +133,7 @@ struct KbTileOrder {
     if (kMayPair && paired) {
       const int head = i / key_blocks, rank = i % key_blocks;
       const bool mirrored = head % 2 == 1;
-      return {head / hk, head % hk, mirrored ? key_blocks - 1 - rank : rank, !mirrored, mirrored};
+      return {head / hk, head % hk, mirrored ? key_blocks - 1 - rank : rank, mirrored};
     }
     const int wide_tiles = wide_sections * section * key_blocks;
     const bool wide = i < wide_tiles;
@@ -147,11 +153,5 @@ struct KbTileOrder {
   CUTE_HOST_DEVICE int steps(int nb) const { return (row_blocks - first_row_block(nb)) * group; }
 };
 
-// The tile that a claim takes (host and device): the counter's old value `claim` (the row statistics set it to 0;
-// each CTA claims once per tile it runs, so it ends at `tiles` and never overflows) is the tile `grid` past it,
-// the CTAs' first tiles being their own indices; past the last tile, `tiles`, the end of work.
-CUTE_HOST_DEVICE int kb_claimed_tile(int claim, int grid, int tiles) {
-  return int64_t(claim) + grid < tiles ? claim + grid : tiles;
-}
 
 }  // namespace qksoftmax::cuda::sm90

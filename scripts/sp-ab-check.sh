@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for an A/B of the pingpong single pass: builds one tree per variant (AB: "name=CUDA flags"
 # entries, ';'-separated; an empty flags part is the control), each with its kernel tests, step benchmark and
-# bench, in parallel; then per variant: the pingpong kernel tests (GpuSpVariants, GpuSpCluster), the
+# bench, in parallel; then per variant: the pingpong kernel tests (GpuSp*: its variants, clusters, dK's stores), the
 # step benchmark with its trace, and the seed16 recompute suite (causal bf16, fp16; unmasked bf16), in turns
 # (A B A B…) so that the machine's drift shows as such. At most 8 files come back from a device call: each
 # variant's results files (seed16 causal, step) and one log archive go to $OUT: three variants at most.
@@ -36,7 +36,7 @@ for v in "${variants[@]}"; do
   name=${v%%=*}
   if skipped tests || [[ " $UNTESTED " == *" $name "* ]]; then passed+=("$name"); continue; fi
   stage "tests-$name" 90 "build/ab-$name/tests/cpp/qksoftmax_kernel_tests" \
-    --gtest_filter='*GpuSpVariants*:*GpuSpCluster*' --gtest_brief=1 && passed+=("$name")
+    --gtest_filter='*GpuSp*' --gtest_brief=1 && passed+=("$name")
   echo "$name: $(grep -hE 'PASSED|FAILED' "$LOGS/tests-$name.log" | tr '\n' ' ')"
 done
 for round in 1 2; do

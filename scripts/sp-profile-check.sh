@@ -41,7 +41,7 @@ skipped seed16 || for mask in causal nomask; do
     --json "$OUT/h200-seed16-$mask.json" && suite "$OUT/h200-seed16-$mask.json"
 done
 if ! skipped tests; then
-  stage sp-tests 90 build/spp/tests/cpp/qksoftmax_kernel_tests --gtest_filter='*GpuSpVariants*:*GpuSpCluster*' \
+  stage sp-tests 90 build/spp/tests/cpp/qksoftmax_kernel_tests --gtest_filter='*GpuSp*' \
     --gtest_brief=1
   grep -E "PASSED|FAILED" "$LOGS/sp-tests.log"
 fi

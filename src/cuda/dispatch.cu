@@ -11,13 +11,12 @@
 #include "cuda/sm90_backward_launch.cuh"
 #include "cuda/sm90/kb_scheduler.h"
 #include "cuda/sm90_instances.h"
+#include "cuda/tma_reach.h"
 
 namespace qksoftmax::cuda {
 namespace {
 
 constexpr int kHopperMajor = 9;
-constexpr int64_t kTmaAlignmentBytes = 16;
-constexpr int64_t kTmaStrideLimitBytes = int64_t(1) << 40;  // cuTensorMapEncodeTiled: strides below 2^40 bytes
 constexpr int64_t kSm90HeadDim = 128;
 
 // Backward shapes of the Hopper kernels, whatever the pointers.
@@ -37,18 +36,6 @@ bool sm90_single_pass_fits(const Problem& prob) {
 // not when deterministic); the workspace size depends on this only.
 bool sm90_shape(const Problem& prob) {
   return sm90_backward_shape(prob) && !prob.deterministic && !sm90_single_pass_fits(prob);
-}
-
-// TMA needs a 16-byte aligned base and strides that are positive multiples of 16 bytes below 2^40 bytes
-// (a broadcast, stride-0 dimension takes the generic path).
-bool tma_stride(int64_t stride, int64_t element_bytes) {
-  return stride > 0 && stride < kTmaStrideLimitBytes / element_bytes &&
-         (stride * element_bytes) % kTmaAlignmentBytes == 0;
-}
-bool tma_compatible(const Operand& op, size_t element_bytes) {
-  const int64_t e = int64_t(element_bytes);
-  return reinterpret_cast<uintptr_t>(op.ptr) % kTmaAlignmentBytes == 0 && tma_stride(op.sb, e) &&
-         tma_stride(op.sh, e) && tma_stride(op.sr, e);
 }
 
 // The fused forward: 16-bit, D = 128, q, k and p in TMA reach (P is stored by TMA), and P's rows a whole number

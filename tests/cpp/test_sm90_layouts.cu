@@ -93,6 +93,22 @@ void add_lane(WarpCopy& wc, int lane, const Element* base, const Smem& smem, con
   }
 }
 
+// stmatrix's own semantics applied to one warp's copy: each lane's register slots (codes) written at the
+// elements its lanes' addresses give, into `written` (by element offset); elements written twice counted.
+void apply_stmatrix(WarpCopy& wc, std::vector<int>& written, int& twice) {
+  for (int g = 0; g < wc.instructions(); ++g) {
+    int addr[32];
+    wc.addresses(g, addr);
+    for (int t = 0; t < 32; ++t) {
+      for (int v = 0; v < 8; ++v) {
+        int& at = written[matrix_element(addr, t, v / 2, v % 2, false)];
+        twice += at != -1;
+        at = wc.regs[t][8 * g + v];
+      }
+    }
+  }
+}
+
 // Direct dQ: the key-block pass rounds its dQ accumulator to 16 bits and stores it by stmatrix (a copy of
 // MmadQ's accumulator, one address per 8 values: store_matrices) into the swizzled 16-bit buffer that the
 // reduce-add's TMA reads (check (4) below). CuTe's model must give each register slot the accumulator's own
@@ -125,17 +141,7 @@ void check_dq_stores(int threads) {
       for (int i = 0; i < size(src); ++i) model += src(i) != code(get<0>(cS(i)), get<1>(cS(i)));
       add_lane(wc, lane, buf, thr.partition_D(sdQ), src);
     }
-    for (int g = 0; g < wc.instructions(); ++g) {
-      int addr[32];
-      wc.addresses(g, addr);
-      for (int t = 0; t < 32; ++t) {
-        for (int v = 0; v < 8; ++v) {
-          int& at = written[matrix_element(addr, t, v / 2, v % 2, false)];
-          twice += at != -1;
-          at = wc.regs[t][8 * g + v];
-        }
-      }
-    }
+    apply_stmatrix(wc, written, twice);
     split += wc.split;
     unpaired += wc.unpaired;
   }
@@ -476,6 +482,73 @@ TEST(Sm90Layouts, KeyBlockDqStores) {
   // Into the fp32 accumulator: pairs at dq_offset, by the one consumer whose turn the step is.
   check_dq_offsets<KbBf16RecomputeAccum>(kWarpgroup);
   check_dq_offsets<KbFp16SavedPAccum>(kWarpgroup);
+}
+
+// dK's staging in the pingpong single pass (sp_pp_dk.cuh): the dK warpgroup rounds its (BN, D) accumulator into a K
+// buffer (SmemLayoutK, as TMA stores it) by stmatrix at dk_stage_address's 32-bit addresses, access a of row half m
+// taking slots [8a, 8a + 8) of CopydK's (CPY, m, 0). Those addresses must be CuTe's partition of the buffer, CuTe's
+// model must give each slot the accumulator's own coordinate, and stmatrix's own semantics applied to the lanes'
+// addresses must write every (key, d) of the buffer once, with the accumulator's value (key, d).
+template <class Cfg>
+void check_dk_staging() {
+  using Element = typename Cfg::Element;
+  using BN = typename Cfg::BN;
+  using HD = typename Cfg::HD;
+  using L = typename Cfg::SmemLayoutK;
+  static Element buf[cosize_v<L>] __attribute__((aligned(1024)));
+  Tensor sK = make_tensor(make_smem_ptr(buf), L{});  // (BN, D)
+  typename Cfg::MmadKAll mma_dk;
+  typename Cfg::CopydK r2s;
+  std::vector<int> written(cosize_v<L>, -1);
+  int model = 0, addresses = 0, twice = 0, split = 0, unpaired = 0;
+  for (int warp = 0; warp < kWarpgroup / 32; ++warp) {
+    WarpCopy wc;
+    for (int lane = 0; lane < 32; ++lane) {
+      const int tid = warp * 32 + lane;
+      Tensor tdKcdK = mma_dk.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<BN, HD>{}));  // → (key, d)
+      Tensor codes = make_fragment_like<int>(partition_fragment_C(mma_dk, Shape<BN, HD>{}));
+      static_assert(std::is_same_v<decltype(shape(codes)), decltype(shape(tdKcdK))>);
+      for (int i = 0; i < size(codes); ++i) codes(i) = code(get<0>(tdKcdK(i)), get<1>(tdKcdK(i)));
+      auto thr = r2s.get_thread_slice(tid);
+      Tensor src = thr.retile_S(codes);                                      // (CPY, CPY_M, CPY_N)
+      Tensor cS = thr.partition_S(make_identity_tensor(Shape<BN, HD>{}));  // CuTe's coordinate of each slot
+      for (int i = 0; i < size(src); ++i) model += src(i) != code(get<0>(cS(i)), get<1>(cS(i)));
+      Tensor part = thr.partition_D(sK);  // (CPY, CPY_M, CPY_N)
+      ASSERT_EQ(int(size<0>(src)), kMatrixValues * Cfg::kDkStageAccesses);
+      ASSERT_EQ(int(size<2>(src)), 1);
+      const uint32_t first = Cfg::dk_stage_first(tid);
+      for (int m = 0; m < size<1>(src); ++m) {
+        for (int a = 0; a < Cfg::kDkStageAccesses; ++a) {
+          const uint32_t at = Cfg::dk_stage_address(first, a, m);
+          addresses += at != uint32_t(reinterpret_cast<const char*>(&part(a * kMatrixValues, m, 0)) -
+                                      reinterpret_cast<const char*>(buf));
+          for (int v = 0; v < kMatrixValues; ++v) {
+            const int i = a * kMatrixValues + v;
+            wc.smem[lane].push_back(int(at / sizeof(Element)) + v);
+            wc.regs[lane].push_back(src(i, m, 0));
+            if (v % 2 == 1) unpaired += &src(i, m, 0) != &src(i - 1, m, 0) + 1;
+          }
+        }
+      }
+    }
+    apply_stmatrix(wc, written, twice);
+    split += wc.split;
+  }
+  int wrong = 0;
+  for (int k = 0; k < Cfg::kBlockN; ++k) {
+    for (int d = 0; d < Cfg::kHeadDim; ++d) wrong += written[&sK(k, d) - buf] != code(k, d);
+  }
+  EXPECT_EQ(addresses, 0) << "dk_stage_address: accesses not at CuTe's partition of the buffer";
+  EXPECT_EQ(model, 0) << "CuTe's model: register slots whose coordinate is not the accumulator's";
+  EXPECT_EQ(twice, 0) << "buffer elements written twice";
+  EXPECT_EQ(wrong, 0) << "buffer elements (key, d) that stmatrix fills with another accumulator value";
+  EXPECT_EQ(split, 0) << "stmatrix rows that are not 16 contiguous, aligned bytes";
+  EXPECT_EQ(unpaired, 0) << "slot pairs that are not one 32-bit register";
+}
+
+TEST(Sm90Layouts, DkStaging) {
+  check_dk_staging<SpPpConfig<cutlass::bfloat16_t, 128, true, 1>>();
+  check_dk_staging<SpPpConfig<cutlass::half_t, 128, true, 8>>();
 }
 
 // (5) K_w as Sᵀ's register A operand: CopyKA (ldmatrix) from consumer w's (HF, D) part of K, as TMA wrote it,

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -36,12 +37,14 @@ Problem sp_problem(const Case& c, const TensorDesc& q, const TensorDesc& k, cons
   return prob;
 }
 
-// One run of `launch` (a Problem and a stream to a Status) of case c into freshly poisoned dQ and dK, downloaded into
-// a new entry of `outs`.
+// One run of `launch` (a Problem and a stream to a Status) of case c into freshly poisoned dQ and dK (dK in
+// `dk_layout` where given), downloaded into a new entry of `outs`.
 template <class Launch>
 void run_poisoned(const Case& c, const DeviceTensor& q, const DeviceTensor& k, const DeviceTensor& dp,
-                  CUstream_st* stream, const Launch& launch, std::vector<Outputs>& outs) {
+                  CUstream_st* stream, const Launch& launch, std::vector<Outputs>& outs,
+                  std::optional<Layout> dk_layout = std::nullopt) {
   Outputs& out = outs.emplace_back(c, c.dtype, c.output_layout());
+  if (dk_layout) out.dk = HostTensor(c.dtype, c.k_shape(), *dk_layout);
   DeviceTensor dq(out.dq), dk(out.dk);
   dq.poison();
   dk.poison();
@@ -174,6 +177,48 @@ std::vector<Case> cluster_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Edges, GpuSpCluster, ::testing::ValuesIn(cluster_cases()), param_name);
+
+// dK out of TMA's reach (rows padded by an odd number of elements): the dK warpgroup stores dK from its registers
+// instead of staging it in K's buffer for the dK store thread's TMA. Against the CPU backend, and bit for bit
+// against dK in TMA's reach (the same rounding of the same sums), in one CTA and in clusters of two (dQ then bit
+// for bit too) and four.
+class GpuSpDkOutOfTmaReach : public GpuTest, public ::testing::WithParamInterface<Case> {};
+
+TEST_P(GpuSpDkOutOfTmaReach, SameAsByTma) {
+  const Case& c = GetParam();
+  const int cluster = int((c.Sk + 127) / 128);
+  const auto launch = [cluster](const Problem& prob, CUstream_st* s) {
+    return cluster == 1 ? run_single_pass(prob, SpForm::kDispatched, s) : run_single_pass_cluster(prob, cluster, s);
+  };
+  const Inputs in = make_inputs(c, test_seed());
+  constexpr const char* kNames[] = {"dK by TMA", "dK from registers"};
+  const Stream stream;
+  DeviceTensor q(in.q), k(in.k), dp(in.dp);
+  std::vector<Outputs> outs;
+  outs.reserve(std::size(kNames));
+  run_poisoned(c, q, k, dp, stream.get(), launch, outs);
+  ASSERT_FALSE(HasFatalFailure()) << kNames[0];
+  run_poisoned(c, q, k, dp, stream.get(), launch, outs, Layout::kOddPaddedRows);
+  ASSERT_FALSE(HasFatalFailure()) << kNames[1];
+  expect_close_to_cpu(c, in, outs, kNames);
+  int64_t differ = 0;
+  for (int64_t i = 0; i < outs[0].dk.numel(); ++i) differ += outs[0].dk.get(i) != outs[1].dk.get(i);
+  EXPECT_EQ(differ, 0) << "dK values that differ between the two stores";
+  if (cluster <= 2) {
+    EXPECT_TRUE(bitwise_equal(outs[0].dq, outs[1].dq)) << "dq";
+  }
+}
+
+// One CTA (a tile's keys past Sk, grouped heads; 400 tiles, three or more a CTA on up to 132 SMs, so that both K
+// buffers come back to the load thread), causal pairs in clusters of two, and unmasked rows in clusters of four
+// with keys past Sk.
+INSTANTIATE_TEST_SUITE_P(Edges, GpuSpDkOutOfTmaReach,
+                         ::testing::Values(Case{.B = 2, .Hq = 4, .Hk = 2, .Sq = 128, .Sk = 120, .D = 128},
+                                           Case{.B = 4, .Hq = 100, .Hk = 100, .Sq = 128, .Sk = 128, .D = 128},
+                                           Case{.B = 1, .Hq = 2, .Hk = 2, .Sq = 256, .Sk = 256, .D = 128},
+                                           Case{.B = 1, .Hq = 2, .Hk = 1, .Sq = 200, .Sk = 456, .D = 128,
+                                                .mask = Mask::kNone}),
+                         param_name);
 
 }  // namespace
 }  // namespace qksoftmax::test

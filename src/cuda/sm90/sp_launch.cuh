@@ -4,7 +4,8 @@
 // grid: one persistent CTA per SM (or as many clusters as fit at once), or one per tile (pair) where there are fewer.
 // No workspace. One CTA stores every dQ row once (by TMA: dQ in its reach); in a cluster the row blocks that the
 // CTA of key block 0 alone sees are stored by it, the others added by each CTA into dQ cleared first
-// (sp_clear_dq_kernel). dK is stored once per tile.
+// (sp_clear_dq_kernel). dK is stored once per tile: by TMA where the dK warpgroup holds it and dK is in TMA's reach,
+// from registers otherwise.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,6 +19,7 @@
 #include "cuda/sm90/kb_launch.cuh"
 #include "cuda/sm90/sp_pp_config.h"
 #include "cuda/sm90/sp_pp_kernel.cuh"
+#include "cuda/tma_reach.h"
 
 namespace qksoftmax::cuda {
 
@@ -71,7 +73,18 @@ Status run_sm90_single_pass(const Problem& prob, CUstream_st* stream, [[maybe_un
   typename SpCfg::Params params{prob,
                                 kb_loads<SpCfg>(prob),
                                 make_tma_copy(cute::SM90_TMA_STORE{}, dq, typename SpCfg::SmemLayoutdQ{}),
-                                typename SpCfg::TmaAddedQ{}, SpCfg::TileOrder::of(prob, head_bytes)};
+                                typename SpCfg::TmaAddedQ{},
+                                SpCfg::TileOrder::of(prob, head_bytes),
+                                typename SpCfg::TmaStoredK{},
+                                false};
+  if (SpCfg::kDkWarpgroup && sm90::kSm90SpDkByTma && tma_compatible(prob.dk, sizeof(Element))) {
+    const auto dk = cute::make_tensor(
+        cute::make_gmem_ptr(static_cast<Element*>(prob.dk.ptr)),
+        cute::make_shape(int32_t(prob.Sk), typename SpCfg::HD{}, int32_t(prob.Hk), int32_t(prob.B)),
+        cute::make_stride(prob.dk.sr, cute::_1{}, prob.dk.sh, prob.dk.sb));
+    params.tma_dk = make_tma_copy(cute::SM90_TMA_STORE{}, dk, typename SpCfg::SmemLayoutK{});
+    params.dk_by_tma = true;
+  }
   if constexpr (kCluster == 1) {
     const int64_t grid = std::min<int64_t>(tiles, int64_t(device->sm_count) * SpCfg::kCtasPerSm);
     return launch<SpCfg>(sm90::sp_pp_kernel<SpCfg>, kName, grid, params, stream);

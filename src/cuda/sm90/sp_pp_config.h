@@ -12,7 +12,9 @@
 //                  the row statistics and dS in registers, writes dS to its dS buffer, and in its turn issues
 //                  dK_w += dSᵀ Q for the other's previous block and its own (each warpgroup accumulates dK of
 //                  its 64 keys over every block), dQ = dS K and S of its next block; then stages dQ in the
-//                  block's dP slot (sp_pp_mainloop.cuh).
+//                  block's dP slot (sp_pp_mainloop.cuh);
+//   warpgroup 3    with kDkWarpgroup, dK of the tile's 128 keys (sp_pp_dk.cuh), staged at the tile's end in the
+//                  tile's K buffer and stored from there by warp 2 of the producer warpgroup (one thread, TMA).
 // No statistics pass, no workspace, no atomics: the sums run in a fixed order (deterministic by construction).
 #pragma once
 
@@ -22,6 +24,15 @@
 namespace qksoftmax::cuda::sm90 {
 
 using namespace cute;
+
+// dK of a tile, with a dK warpgroup: staged in the tile's K buffer once every consumer has read K and stored from
+// there by one TMA where dK is in TMA's reach (SpPpConfig::Params::dk_by_tma), from the dK warpgroup's registers
+// otherwise. QKSOFTMAX_SM90_SP_DK_DIRECT, an A/B build's knob, stores it from registers always.
+#ifdef QKSOFTMAX_SM90_SP_DK_DIRECT
+constexpr bool kSm90SpDkByTma = false;
+#else
+constexpr bool kSm90SpDkByTma = true;
+#endif
 
 // A consumer thread's release of a ring slot (`ring`: a PipelineTmaAsync's shared storage): one arrival on this
 // CTA's own empty barrier. CUTLASS's consumer_release, for a pipeline built for a cluster of one, arrives on the
@@ -116,16 +127,18 @@ struct SpPpConfig {
     TmaP dp;
     TmaP p;
   };
-  // dQ as TMA writes a block of it: stored where the block is the CTA's alone, added (into dQ cleared first) where
-  // other CTAs of its cluster hold keys that the block sees (SpPpConfig::shared_block).
-  template <class Op>
-  using TmadQ = decltype(make_tma_copy(
+  // A gradient as TMA writes a tile of it from shared memory (Smem): dQ stored where the block is the CTA's alone,
+  // added (into dQ cleared first) where other CTAs of its cluster hold keys that the block sees
+  // (SpPpConfig::shared_block); dK of a tile stored from the tile's K buffer.
+  template <class Op, class Smem>
+  using TmaGrad = decltype(make_tma_copy(
       Op{},
       make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), Shape<int32_t, HD, int32_t, int32_t>{},
                   Stride<int64_t, _1, int64_t, int64_t>{}),
-      SmemLayoutdQ{}));
-  using TmaStoredQ = TmadQ<SM90_TMA_STORE>;
-  using TmaAddedQ = TmadQ<SM90_TMA_REDUCE_ADD>;
+      Smem{}));
+  using TmaStoredQ = TmaGrad<SM90_TMA_STORE, SmemLayoutdQ>;
+  using TmaAddedQ = TmaGrad<SM90_TMA_REDUCE_ADD, SmemLayoutdQ>;
+  using TmaStoredK = TmaGrad<SM90_TMA_STORE, SmemLayoutK>;
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
   static constexpr uint32_t kPBytes = kBlockM * kBlockN * sizeof(Element);  // a (BM, BN) tile: a dP slot, a dS buffer
@@ -150,6 +163,30 @@ struct SpPpConfig {
   using MmadQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<BM, HD, BN>, GMMA::Major::K, GMMA::Major::MN>()));
   using CopydQ = decltype(make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, MmadQ{}));
+  // The dK warpgroup's dK, rounded, into its tile's K buffer (SmemLayoutK) by stmatrix: a thread's partition is
+  // (CPY, CPY_M, CPY_N) = ((8, (4, 2)), 2, 1), access a of row half m at address
+  // dk_stage_address(at, a, m), `at` the address of its first (dk_stage_first, from a 1024-byte aligned buffer):
+  // 32-bit arithmetic on one register, where CuTe's partition keeps every access's address
+  // (Sm90Layouts.DkStaging checks it against that partition).
+  using CopydK = decltype(make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, MmadKAll{}));
+  static constexpr uint32_t kSwizzleRowBytes = 128;  // a row of the 128-byte swizzle atom
+  static constexpr uint32_t kChunkBytes = 16;        // the swizzle's unit, an access's row of 8 values
+  static constexpr int kDkStageAccesses = 8;         // per row half: 128 columns, 16 an access
+  CUTE_HOST_DEVICE static uint32_t dk_stage_first(int tid) {
+    const int warp = tid / 32, lane = tid % 32;
+    const int row = 16 * warp + lane % 8 + 8 * (lane / 8 % 2);  // (stmatrix.x4: lanes 8-15 address rows 8-15)
+    return uint32_t(row) * kSwizzleRowBytes + uint32_t((lane / 16) ^ (lane % 8)) * kChunkBytes;
+  }
+  // Access a's columns 16a + 8·(lane / 16): chunk (lane / 16) + 2(a mod 4) of atom column a / 4, which the swizzle
+  // XORs with the row's low 3 bits; the chunk's bits 1-2 come from a alone, so they XOR into `at`.
+  CUTE_HOST_DEVICE static constexpr uint32_t dk_stage_address(uint32_t at, int a, int m) {
+    constexpr int kChunksPerAccess = 2, kChunksPerAtom = 8;
+    constexpr int kAccessesPerAtom = kChunksPerAtom / kChunksPerAccess;
+    return (at ^ uint32_t(kChunksPerAccess * (a % kAccessesPerAtom)) * kChunkBytes) +
+           uint32_t(a / kAccessesPerAtom) * kBlockN * kSwizzleRowBytes + uint32_t(m) * kBlockM * kSwizzleRowBytes;
+  }
+  static_assert(sizeof(Element) == 2 && kHeadDim == 2 * kSwizzleRowBytes / sizeof(Element),
+                "dk_stage_address: 16-bit rows of two swizzle atoms");
   // Consumer w's (HF, BM) part, its keys, of a (BN, BM) view.
   template <class Tile>
   CUTE_HOST_DEVICE static auto consumer_keys(Tile&& tile, int w) {
@@ -172,6 +209,7 @@ struct SpPpConfig {
   static constexpr int kCtasPerSm = 1;  // (shared memory): a persistent grid of one CTA per SM
   static constexpr int kLoadWarp = 0;   // Q, K and the tiles
   static constexpr int kDpWarp = 1;     // dP, and dQ's stores
+  static constexpr int kDkStoreWarp = 2;  // dK's stores (with a dK warpgroup)
   // With a dK warpgroup the consumers give up dK's 64 registers and the dK warpgroup holds all 128 keys' (128).
   // The load thread's static walk of mirrored pairs spills at 24 registers, not at 32: the dK warpgroup gives up
   // the 8. Without it the consumers' 240 leave the producers 24.
@@ -182,8 +220,9 @@ struct SpPpConfig {
   static_assert(kWarpgroupThreads * (kProducerRegs + kConsumers * kConsumerRegs + (kDkWarpgroup ? kDkRegs : 0)) <=
                     kThreads * kLaunchRegs,
                 "the launch allocation holds the roles");
-  // Readers of the tile ring: every consumer thread, the dP load thread and the dK warpgroup's threads.
-  static constexpr int kTileReaders = kConsumerThreads + 1 + (kDkWarpgroup ? kWarpgroupThreads : 0);
+  // Readers of the tile ring: every consumer thread, the dP load thread, and the dK warpgroup's threads and its
+  // store thread.
+  static constexpr int kTileReaders = kConsumerThreads + 1 + (kDkWarpgroup ? kWarpgroupThreads + 1 : 0);
   // Q's readers that release its slots: both consumers (each reads every block's Q), or with a dK warpgroup the
   // block's owner (its S) and the dK warpgroup: 256 threads either way.
   static constexpr int kQReleasers = 2 * kWarpgroupThreads;
@@ -220,7 +259,13 @@ struct SpPpConfig {
     int tile_index[kTileSlots];
     int32_t dq_block[kPStages][4];  // by dP slot: its block's (batch, head, row block, key block), for the dQ store
     alignas(8) uint64_t k_full[kKBuffers];   // K of a tile loaded (TMA's transaction count)
-    alignas(8) uint64_t k_empty[kKBuffers];  // its last products, every consumer thread's, complete
+    // Free for a later tile's K: its tile's last products complete, every consumer thread's; with a dK warpgroup,
+    // the tile's dK stored from it (the dK store thread's arrival, after k_read and dk_full).
+    alignas(8) uint64_t k_empty[kKBuffers];
+    // With a dK warpgroup, by K buffer: its tile's last products complete (every consumer thread arrives) ...
+    alignas(8) uint64_t k_read[kDkWarpgroup ? kKBuffers : 1];
+    // ... and its tile's dK written: staged in it, or stored from registers (every dK warpgroup thread arrives).
+    alignas(8) uint64_t dk_full[kDkWarpgroup ? kKBuffers : 1];
     // By dS buffer: free for the dS of its next block, its block's three products done (every consumer thread
     // arrives once its own are; with a dK warpgroup, the owner's and the dK warpgroup's threads).
     alignas(8) uint64_t ds_free[kDsBuffers];
@@ -240,6 +285,8 @@ struct SpPpConfig {
     TmaStoredQ tma_dq;
     TmaAddedQ tma_dq_add;  // (kCluster > 1; unset otherwise)
     TileOrder order;
+    TmaStoredK tma_dk;       // (with a dK warpgroup, where dk_by_tma)
+    bool dk_by_tma = false;  // dK in TMA's reach (tma_compatible) and kSm90SpDkByTma
   };
 
   // Whether row block `mb` of key block `nb`'s CTA is shared with other CTAs of the cluster, its dQ then added into

@@ -2,7 +2,11 @@
 // (two m64 accumulators, 128 registers a thread) and, per block g of the CTA (the consumers' tiles and blocks,
 // read from the same tile ring), as soon as the block's owner has written dS(g) (ds_full), adds dS(g)ᵀ Q(g)
 // (SS, M = 128 keys, N = D, K = 64 rows), awaits it, and frees the dS buffer (ds_free, beside the owner's dQ
-// product) and Q(g)'s slot (beside the owner's S product); at a tile's end it stores dK.
+// product) and Q(g)'s slot (beside the owner's S product). At a tile's end, once the consumers have read K for the
+// last time (k_read), it rounds dK into the tile's K buffer by stmatrix (dk_full), from where the dK store thread
+// stores it by TMA (sp_pp_producer.cuh): the next tile's first dS waits behind 16 stmatrix a thread, not behind
+// 64 four-byte global stores. Where dK is out of TMA's reach it stores dK from registers instead (the store thread
+// then awaits k_read itself).
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -18,6 +22,7 @@ struct SpPpDkWarpgroup {
   using BM = typename Cfg::BM;
   using BN = typename Cfg::BN;
   using HD = typename Cfg::HD;
+  using Element = typename Cfg::Element;
 
   const typename Cfg::Params& params;
   typename Cfg::Storage& st;
@@ -32,8 +37,10 @@ struct SpPpDkWarpgroup {
     Tensor tdKrdK = partition_fragment_C(mma_dk, Shape<BN, HD>{});  // (MMA, 2, 1) fp32
     const Tensor tdKsdS = thr_dk.partition_fragment_A(sdSt);       // (MMA, 2, BM/16, DB) descriptors
     const Tensor tdKsQ = thr_dk.partition_fragment_B(sQt);         // (MMA, 1, BM/16, QS) descriptors
+    const Tensor tdKcdK = thr_dk.partition_C(make_identity_tensor(Shape<BN, HD>{}));  // (MMA, 2, 1) → (key, d)
 
-    int g = 0;  // the CTA's blocks so far
+    int g = 0;        // the CTA's blocks so far
+    int k_loads = 0;  // tiles with blocks so far
     KbTileReader<Cfg> tiles(params, st);
     for (KbTile tile; tiles.next(tile);) {
       const KbWork<Cfg> work(params.order, tile);
@@ -52,10 +59,49 @@ struct SpPpDkWarpgroup {
         trace.mark(PpDkTracePhase::kProduct);
         ++g;
       }
-      const Tensor tdKcdK = thr_dk.partition_C(make_identity_tensor(Shape<BN, HD>{}));  // (MMA, 2, 1) → (key, d)
-      kb_store_dk<Cfg, Cfg::kBlockN>(params, 0, tdKrdK, tdKcdK, work);
+      if (work.steps > 0 && params.dk_by_tma) {  // the consumers' last reads of the K buffer dK is staged in
+        const KBufferUse<Cfg> use(k_loads);
+        cutlass::arch::ClusterBarrier::wait(&st.k_read[use.buffer], use.phase);
+      }
+      if (work.steps == 0 || !params.dk_by_tma) {
+        kb_store_dk<Cfg, Cfg::kBlockN>(params, 0, tdKrdK, tdKcdK, work);  // (a tile without blocks: zeros)
+      } else {
+        stage(tdKrdK, KBufferUse<Cfg>(k_loads).buffer, tid);
+      }
+      if (work.steps > 0) {  // the K buffer to the dK store thread (sp_pp_producer.cuh)
+        const KBufferUse<Cfg> use(k_loads++);
+        cutlass::arch::ClusterBarrier::arrive(&st.dk_full[use.buffer]);
+      }
       trace.mark(PpDkTracePhase::kTileEnd);
     }
+  }
+
+  // dK (this thread's accumulator), finished (KbFinish) and rounded, into K buffer `buffer` by stmatrix, one
+  // access's 8 values at a time (a 16-bit copy of the whole accumulator would not fit beside it); fenced for the
+  // TMA store that reads it.
+  template <class Acc>
+  __device__ void stage(const Acc& tdKrdK, int buffer, int tid) const {
+    const Problem& prob = params.prob;
+    const Tensor acc = typename Cfg::CopydK{}.get_thread_slice(tid).retile_S(tdKrdK);  // (CPY, CPY_M, CPY_N) fp32
+    static_assert(size<2>(decltype(acc.layout()){}) == 1 &&
+                      size<0>(decltype(acc.layout()){}) == kMatrixValues * Cfg::kDkStageAccesses,
+                  "dk_stage_address's accesses");
+    const uint32_t at = smem_addr(st.k.data()) + uint32_t(buffer) * Cfg::kKBytes + Cfg::dk_stage_first(tid);
+    with_kb_finish<Cfg>(prob, [&](auto finish) {
+      constexpr KbFinish kFinish = decltype(finish)::value;
+      CUTE_UNROLL
+      for (int m = 0; m < size<1>(acc); ++m) {
+        CUTE_UNROLL
+        for (int a = 0; a < Cfg::kDkStageAccesses; ++a) {
+          const Tensor v = acc(make_coord(_, a), m, 0);  // (8) fp32
+          Tensor out = make_fragment_like<Element>(v);  // (8)
+          CUTE_UNROLL
+          for (int i = 0; i < size(out); ++i) out(i) = Element(kb_finish<kFinish>(v(i), prob.scale));
+          store_matrix(Cfg::dk_stage_address(at, a, m), out);
+        }
+      }
+    });
+    cutlass::arch::fence_view_async_shared();  // dK written by threads, read by TMA
   }
 };
 

@@ -1,7 +1,7 @@
-// The pingpong single pass's kernel (sp_pp_config.h): two producer threads (sp_pp_producer.cuh), two consumer
+// The pingpong single pass's kernel (sp_pp_config.h): two or three producer threads (sp_pp_producer.cuh), two consumer
 // warpgroups that take alternate row blocks in turns (sp_pp_mainloop.cuh) and, with kDkWarpgroup, a warpgroup that
 // owns dK (sp_pp_dk.cuh), with setmaxnreg; the Q and dP rings (CUTLASS PipelineTmaAsync), the tile ring
-// (PipelineAsync), K's barriers and the dS buffers' barriers. Persistent: one CTA per SM, or one per tile where
+// (PipelineAsync), K's barriers (with dK staged in K's buffer) and the dS buffers' barriers. Persistent: one CTA per SM, or one per tile where
 // there are fewer, its tiles dealt statically; in clusters of C CTAs (rows of up to 128·C keys), a cluster per
 // (batch, key head) (causal: per pair of them, KbTileOrder::pair_heads), each CTA taking one key block.
 #pragma once
@@ -29,6 +29,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   const int lane = int(threadIdx.x) % 32;
   const bool q_thread = warpgroup == 0 && warp == Cfg::kLoadWarp && lane == 0;
   const bool dp_thread = warpgroup == 0 && warp == Cfg::kDpWarp && lane == 0;
+  const bool dk_thread = Cfg::kDkWarpgroup && warpgroup == 0 && warp == Cfg::kDkStoreWarp && lane == 0;
   const auto role = warpgroup == 0 ? QPipeline::ThreadCategory::Producer : QPipeline::ThreadCategory::Consumer;
 
   typename QPipeline::Params q_params;
@@ -46,7 +47,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
 
   typename TilePipeline::Params tile_params;
   tile_params.role = q_thread                    ? TilePipeline::ThreadCategory::Producer
-                     : warpgroup > 0 || dp_thread ? TilePipeline::ThreadCategory::Consumer
+                     : warpgroup > 0 || dp_thread || dk_thread ? TilePipeline::ThreadCategory::Consumer
                                                   : TilePipeline::ThreadCategory::NonParticipant;
   tile_params.producer_arv_count = 1;  // the load thread
   tile_params.consumer_arv_count = Cfg::kTileReaders;
@@ -55,7 +56,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   if (threadIdx.x == 0) {
     for (int b = 0; b < Cfg::kKBuffers; ++b) {
       Cfg::TxBarrier::init(&st.k_full[b], 1);
-      cutlass::arch::ClusterBarrier::init(&st.k_empty[b], Cfg::kConsumerThreads);
+      cutlass::arch::ClusterBarrier::init(&st.k_empty[b], Cfg::kDkWarpgroup ? 1 : Cfg::kConsumerThreads);
+      if constexpr (Cfg::kDkWarpgroup) {
+        cutlass::arch::ClusterBarrier::init(&st.k_read[b], Cfg::kConsumerThreads);
+        cutlass::arch::ClusterBarrier::init(&st.dk_full[b], Cfg::kWarpgroupThreads);
+      }
     }
     for (int b = 0; b < Cfg::kDsBuffers; ++b) {
       cutlass::arch::ClusterBarrier::init(&st.ds_free[b], Cfg::kDsReaders);
@@ -83,6 +88,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
     if (q_thread) SpPpProducer<Cfg>{params, st}.load_q(q_pipe);
     if (dp_thread) SpPpProducer<Cfg>{params, st}.load_dp(p_pipe);
+    if constexpr (Cfg::kDkWarpgroup) {
+      if (dk_thread) SpPpProducer<Cfg>{params, st}.store_dk();
+    }
     __syncwarp();  // the load threads' warps whole again for the aligned cluster barrier
     finish();
   } else if (warpgroup < Cfg::kDkWarpgroupIndex) {

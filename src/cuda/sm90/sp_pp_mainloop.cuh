@@ -227,6 +227,7 @@ struct SpPpMainloop {
     if (w == 1) cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTurnBarrier + 0);
     KbTileReader<Cfg> tiles(params, st);
     for (KbTile tile; tiles.next(tile);) {
+      trace.mark(PpTracePhase::kTileRead);
       const KbWork<Cfg> work(params.order, tile);
       const KBufferUse<Cfg> k_use(k_loads);
       exchange.mirrored = work.mirrored;
@@ -242,6 +243,7 @@ struct SpPpMainloop {
       if (work.steps > 0) {
         ++k_loads;
         Cfg::TxBarrier::wait(&st.k_full[k_use.buffer], k_use.phase);
+        trace.mark(PpTracePhase::kTileK);
         if (j < g_end) issue_s(j, k_use);
       }
       trace.mark(PpTracePhase::kTileStart);
@@ -253,8 +255,13 @@ struct SpPpMainloop {
       }
       g = g_end;
       if (work.steps > 0) {
-        // K is read no more by this consumer (its last S and dQ products are done).
-        cutlass::arch::ClusterBarrier::arrive(&st.k_empty[k_use.buffer]);
+        // K is read no more by this consumer (its last S and dQ products are done): with a dK warpgroup, which
+        // stages the tile's dK in K's buffer, k_read; otherwise the buffer is free for a later tile's K.
+        if constexpr (kDkWarpgroup) {
+          cutlass::arch::ClusterBarrier::arrive(&st.k_read[k_use.buffer]);
+        } else {
+          cutlass::arch::ClusterBarrier::arrive(&st.k_empty[k_use.buffer]);
+        }
         // The tile's last block is the other consumer's: its dS into dK_w.
         if (!kDkWarpgroup && ((g_end - 1) & 1) != w) {
           cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kTileDsBarrier);

@@ -1,9 +1,12 @@
 // The producers of the pingpong single pass (sp_pp_config.h), one thread each:
 //   the load thread takes the CTA's tiles (dealt statically), publishes each in the tile ring (KbTileWriter), and
-//   loads per tile K into the K buffer of its turn once that buffer's last readers (every consumer thread of the
-//   tile that used it) are done, per block Q into the next slot of the Q ring;
+//   loads per tile K into the K buffer of its turn once that buffer is free (every consumer thread of the tile that
+//   used it done with it; with a dK warpgroup, that tile's dK stored from it), per block Q into the next slot of
+//   the Q ring;
 //   the dP thread reads the tiles from the ring and loads per block dP into the next slot of the dP ring, after
-//   storing the dQ that the slot's previous block left in it.
+//   storing the dQ that the slot's previous block left in it;
+//   with a dK warpgroup, the dK store thread reads the tiles from the ring and stores each tile's dK from the K
+//   buffer where the dK warpgroup staged it, then hands the buffer back to the load thread.
 // Separate threads, so that neither ring waits on the other: a Q slot is freed a turn later than its block's dP
 // slot.
 #pragma once
@@ -111,6 +114,34 @@ struct SpPpProducer {
     for (int s = 0; s < Cfg::kPStages; ++s, ++state) {
       p_pipe.producer_acquire(state);
       store_previous(state);
+    }
+  }
+
+  // The dK store thread (with a dK warpgroup). Per tile with blocks, once the dK warpgroup has written the tile's
+  // dK (dk_full): where dK is in TMA's reach, staged in the tile's K buffer, stored from there by one TMA (keys past
+  // Sk clipped) and the store's read awaited; then the buffer handed back to the load thread (k_empty) for a later
+  // tile's K. (Out of TMA's reach the dK warpgroup stores dK itself, and this thread passes the buffer on once the
+  // consumers have read it, k_read.)
+  __device__ void store_dk() {
+    const Problem& prob = params.prob;
+    Tensor sK = make_tensor(make_smem_ptr(st.k.data()), typename Cfg::SmemLayoutKB{});  // (BN, D, KB)
+    Tensor mdK = params.tma_dk.get_tma_tensor(make_shape(int32_t(prob.Sk), HD{}, int32_t(prob.Hk), int32_t(prob.B)));
+    int k_loads = 0;  // tiles with blocks so far
+    KbTileReader<Cfg> tiles(params, st);
+    for (KbTile tile; tiles.next(tile);) {
+      const KbWork<Cfg> work(params.order, tile);
+      if (work.steps == 0) continue;  // (no K loaded; the dK warpgroup stores its zeros)
+      const KBufferUse<Cfg> use(k_loads++);
+      cutlass::arch::ClusterBarrier::wait(&st.dk_full[use.buffer], use.phase);
+      if (!params.dk_by_tma) {
+        cutlass::arch::ClusterBarrier::wait(&st.k_read[use.buffer], use.phase);
+      } else {
+        Tensor gdK = local_tile(mdK(_, _, work.kv_head, work.b), Shape<BN, HD>{}, make_coord(work.nb, 0));  // (BN, D)
+        tma_store_tile(params.tma_dk, sK(_, _, use.buffer), gdK);
+        tma_store_arrive();
+        tma_store_wait<0>();  // (its read of the buffer)
+      }
+      cutlass::arch::ClusterBarrier::arrive(&st.k_empty[use.buffer]);
     }
   }
 };

@@ -80,8 +80,10 @@ enum class PpTracePhase : int {
   kIssue,          // dK (the other's block and this one), dQ and the next block's S issued, the turn passed on
   kWaitProducts,   // dK and dQ done, the Q slots handed back, the dS buffers announced read
   kStoreDq,        // dQ staged and stored, the store's read done, the dP slot handed back
-  kTileStart,      // per tile: its index, K awaited, S of this consumer's first block issued
+  kTileStart,      // per tile: S of this consumer's first block issued (its Q awaited), unless issued ahead
   kTileEnd,        // per tile: K handed back, the last block's dK (the other's block), dK stored
+  kTileRead,       // per tile: its index read from the tile ring
+  kTileK,          // per tile: its K loaded
   kCount
 };
 static_assert(int(PpTracePhase::kCount) <= int(KbTracePhase::kCount), "a trace holds the key-block pass's phases");

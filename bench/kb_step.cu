@@ -225,9 +225,9 @@ struct TracedSp : Cfg {
   using Trace = PhaseTrace;
 };
 using qksoftmax::cuda::sm90::PpTracePhase;
-constexpr const char* kSpConsumerPhases[] = {"wait S dP", "softmax",    "dS free",    "dS store", "turn wait",
-                                             "issue",     "wait dK dQ", "store dQ",   "tile start", "tile end",
-                                             "tile read", "tile K"};
+constexpr const char* kSpConsumerPhases[] = {"wait S dP", "sums",       "exchange",  "dS",         "dS free",
+                                             "dS store",  "turn wait",  "issue",     "wait dK dQ", "store dQ",
+                                             "tile start", "tile end",  "tile read", "tile K"};
 static_assert(int(std::size(kSpConsumerPhases)) == int(PpTracePhase::kCount), "a name per phase");
 using qksoftmax::cuda::sm90::PpDkTracePhase;
 constexpr const char* kSpDkPhases[] = {"dS wait", "product", "tile end"};

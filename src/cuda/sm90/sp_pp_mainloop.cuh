@@ -129,6 +129,7 @@ struct SpPpMainloop {
       const bool cut = softmax.cut(m0, n0);
       float m[kRows], f[kRows], fd[kRows];  // (f, fd: l and u until the factors)
       softmax.sums(tSrS, tSrdP, m0, n0, cut, m, f, fd);
+      trace.mark(PpTracePhase::kSums);
       uint32_t peers = 0;  // (a lone CTA holds every key of its rows)
       if constexpr (Cfg::kCluster > 1) peers = exchange.peers_of(block);
       if (peers != 0) {
@@ -137,6 +138,7 @@ struct SpPpMainloop {
         for (int ri = 0; ri < kRows; ++ri) mine[ri] = SpPpSoftmax<Cfg>::partial(m[ri], f[ri], fd[ri]);
         float top[kRows], sum[kRows], d[kRows];
         exchange.combine(peers, mine, rows, tid, top, sum, d);
+        trace.mark(PpTracePhase::kExchange);
         softmax.factors_of(m, top, sum, d, f, fd);
       } else {
         softmax.factors(f, fd);

@@ -73,7 +73,9 @@ enum class KbTracePhase : int {
 // (roles as KbTraceRole's consumers).
 enum class PpTracePhase : int {
   kWaitS,          // S of the block done, dP read
-  kSoftmax,        // the statistics and dS in registers
+  kSums,           // the rows' max and sums over the CTA's keys
+  kExchange,       // in a cluster, the other CTAs' partials pushed, awaited and combined
+  kSoftmax,        // the factors and dS in registers
   kDsFree,         // the dS buffer's previous block's products done
   kStoreDs,        // dS written by stmatrix
   kTurnWait,       // this consumer's turn

@@ -213,13 +213,18 @@ constexpr int64_t kSpKeys = 128;
 // in clusters of 2, 4 and 8 (rows of 256, 512, 1024 keys, each CTA 128 of them: the same steps per CTA, each
 // block's statistics exchanged with every other CTA of the cluster; dQ added into rows that nobody clears, which
 // only a timing may do). Clusters of 4 and 8 are timed without a trace (their traced builds would double the
-// bench's compile for a breakdown that the cluster of two gives).
+// bench's compile): QKSOFTMAX_STEP_TRACED_MAX_CLUSTER=8, an A/B build's knob, traces them too, for the exchange
+// with 3 and 7 peers.
 using Sp = qksoftmax::cuda::sm90::SpPpConfig<Element, int(kKbHeadDim)>;
 using Sp3 = qksoftmax::cuda::sm90::SpPpConfig<Element, int(kKbHeadDim), false>;
 using Sp2 = qksoftmax::cuda::sm90::SpPpConfig<Element, int(kKbHeadDim), true, 2>;
 using Sp4 = qksoftmax::cuda::sm90::SpPpConfig<Element, int(kKbHeadDim), true, 4>;
 using Sp8 = qksoftmax::cuda::sm90::SpPpConfig<Element, int(kKbHeadDim), true, 8>;
+#ifdef QKSOFTMAX_STEP_TRACED_MAX_CLUSTER
+constexpr int kSpTracedMaxCluster = QKSOFTMAX_STEP_TRACED_MAX_CLUSTER;
+#else
 constexpr int kSpTracedMaxCluster = 2;
+#endif
 template <class Cfg>
 struct TracedSp : Cfg {
   using Trace = PhaseTrace;

@@ -65,10 +65,13 @@ Status run_sm90_single_pass(const Problem& prob, CUstream_st* stream, [[maybe_un
   // change nothing with one key block per head.)
   const int64_t head_bytes = prob.group() * prob.Sq * prob.D * int64_t(sizeof(typename SpCfg::Element));
   using Element = typename SpCfg::Element;
-  const auto dq = cute::make_tensor(
-      cute::make_gmem_ptr(static_cast<Element*>(prob.dq.ptr)),
-      cute::make_shape(int32_t(prob.Sq), typename SpCfg::HD{}, int32_t(prob.Hq), int32_t(prob.B)),
-      cute::make_stride(prob.dq.sr, cute::_1{}, prob.dq.sh, prob.dq.sb));
+  // A gradient as its TMA stores see it: (rows, d, head, batch).
+  const auto gradient = [&](const Operand& op, int64_t rows, int64_t heads) {
+    return cute::make_tensor(cute::make_gmem_ptr(static_cast<Element*>(op.ptr)),
+                             cute::make_shape(int32_t(rows), typename SpCfg::HD{}, int32_t(heads), int32_t(prob.B)),
+                             cute::make_stride(op.sr, cute::_1{}, op.sh, op.sb));
+  };
+  const auto dq = gradient(prob.dq, prob.Sq, prob.Hq);
   constexpr int kCluster = SpCfg::kCluster;
   typename SpCfg::Params params{prob,
                                 kb_loads<SpCfg>(prob),
@@ -78,11 +81,8 @@ Status run_sm90_single_pass(const Problem& prob, CUstream_st* stream, [[maybe_un
                                 typename SpCfg::TmaStoredK{},
                                 false};
   if (SpCfg::kDkWarpgroup && sm90::kSm90SpDkByTma && tma_compatible(prob.dk, sizeof(Element))) {
-    const auto dk = cute::make_tensor(
-        cute::make_gmem_ptr(static_cast<Element*>(prob.dk.ptr)),
-        cute::make_shape(int32_t(prob.Sk), typename SpCfg::HD{}, int32_t(prob.Hk), int32_t(prob.B)),
-        cute::make_stride(prob.dk.sr, cute::_1{}, prob.dk.sh, prob.dk.sb));
-    params.tma_dk = make_tma_copy(cute::SM90_TMA_STORE{}, dk, typename SpCfg::SmemLayoutK{});
+    params.tma_dk =
+        make_tma_copy(cute::SM90_TMA_STORE{}, gradient(prob.dk, prob.Sk, prob.Hk), typename SpCfg::SmemLayoutK{});
     params.dk_by_tma = true;
   }
   if constexpr (kCluster == 1) {

@@ -59,18 +59,17 @@ struct SpPpDkWarpgroup {
         trace.mark(PpDkTracePhase::kProduct);
         ++g;
       }
-      if (work.steps > 0 && params.dk_by_tma) {  // the consumers' last reads of the K buffer dK is staged in
-        const KBufferUse<Cfg> use(k_loads);
-        cutlass::arch::ClusterBarrier::wait(&st.k_read[use.buffer], use.phase);
-      }
-      if (work.steps == 0 || !params.dk_by_tma) {
-        kb_store_dk<Cfg, Cfg::kBlockN>(params, 0, tdKrdK, tdKcdK, work);  // (a tile without blocks: zeros)
+      if (work.steps == 0) {
+        kb_store_dk<Cfg, Cfg::kBlockN>(params, 0, tdKrdK, tdKcdK, work);  // (its zeros: no K buffer)
       } else {
-        stage(tdKrdK, KBufferUse<Cfg>(k_loads).buffer, tid);
-      }
-      if (work.steps > 0) {  // the K buffer to the dK store thread (sp_pp_producer.cuh)
         const KBufferUse<Cfg> use(k_loads++);
-        cutlass::arch::ClusterBarrier::arrive(&st.dk_full[use.buffer]);
+        if (params.dk_by_tma) {
+          cutlass::arch::ClusterBarrier::wait(&st.k_read[use.buffer], use.phase);  // the consumers' last reads of K
+          stage(tdKrdK, use.buffer, tid);
+        } else {
+          kb_store_dk<Cfg, Cfg::kBlockN>(params, 0, tdKrdK, tdKcdK, work);
+        }
+        cutlass::arch::ClusterBarrier::arrive(&st.dk_full[use.buffer]);  // (to the dK store thread)
       }
       trace.mark(PpDkTracePhase::kTileEnd);
     }

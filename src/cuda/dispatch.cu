@@ -68,8 +68,9 @@ bool sm90_single_pass(const Problem& prob) { return sm90_tma_ready(prob) && sm90
 // The largest clusters taken, by mask (H200, seed16 bf16, recompute, 2026-12-03, against the two-pass backward
 // in the same call): causal rows, in mirrored pairs of heads (KbTileOrder::pair_heads), 8 where there are at least
 // kSm90SpCausal8HeadsPerSm (batch, key head)s per SM, else 4: B8·S512 525.8 / 520.7 µs against 584.4 / 588.1,
-// B8·S1024 1693.7 / 1694.0 against 1808.3 / 1718.3, but B1·S1024 259.3 / 256.7 against 242.6 / 244.2 and B4·S1024
-// 875.8 / 841.7 against 851.8 / 852.3 (two rounds each); unmasked rows, 8 (S = 1024 at B 1 / 2 / 4 / 8: 357.8 /
+// B8·S1024 1693.7 / 1694.0 against 1808.3 / 1718.3 (two rounds each); at S = 1024 (2026-12-04, two rounds, bf16)
+// B2 433.3 / 433.6 against 448.7 / 448.0 (1.9 heads per SM), B4 842.6 / 841.6 against 855.9 / 854.9, but B1
+// 249.8 / 248.8 against 243.8 / 243.9 (0.97 heads per SM); unmasked rows, 8 (S = 1024 at B 1 / 2 / 4 / 8: 357.8 /
 // 689.5 / 1320.3 / 2589.2 µs against 358.4 / 693.6 / 1357.5 / 3015.5). QKSOFTMAX_SM90_SP_MAX_CLUSTER, where
 // defined, takes the place of both limits and of the heads' (an A/B build's knob).
 #ifdef QKSOFTMAX_SM90_SP_MAX_CLUSTER
@@ -79,7 +80,7 @@ constexpr int64_t kSm90SpCausal8HeadsPerSm = 0;
 #else
 constexpr int kSm90SpMaxClusterCausal = 8;
 constexpr int kSm90SpMaxClusterFull = 8;
-constexpr int64_t kSm90SpCausal8HeadsPerSm = 4;
+constexpr int64_t kSm90SpCausal8HeadsPerSm = 1;
 #endif
 constexpr int64_t kSm90SpMaxSteps = 64;
 constexpr int kSm90SpDeterministicMaxCluster = 2;

@@ -230,7 +230,8 @@ struct TracedSp : Cfg {
   using Trace = PhaseTrace;
 };
 using qksoftmax::cuda::sm90::PpTracePhase;
-constexpr const char* kSpConsumerPhases[] = {"wait S dP", "sums",       "exchange",  "dS",         "dS free",
+constexpr const char* kSpConsumerPhases[] = {"wait S dP", "sums",       "push",      "exchange",   "combine",
+                                             "dS",        "dS free",
                                              "dS store",  "turn wait",  "issue",     "wait dK dQ", "store dQ",
                                              "tile start", "tile end",  "tile read", "tile K"};
 static_assert(int(std::size(kSpConsumerPhases)) == int(PpTracePhase::kCount), "a name per phase");

@@ -17,11 +17,12 @@
 
 namespace qkbench {
 
-// Room for the roles and phases of either kernel.
+// Room for the roles and phases of every kernel.
 inline constexpr int kTraceRoles = std::max(int(qksoftmax::cuda::sm90::TraceRole::kCount),
                                             int(qksoftmax::cuda::sm90::KbTraceRole::kCount));
-inline constexpr int kTracePhases = std::max(int(qksoftmax::cuda::sm90::TracePhase::kCount),
-                                             int(qksoftmax::cuda::sm90::KbTracePhase::kCount));
+inline constexpr int kTracePhases = std::max({int(qksoftmax::cuda::sm90::TracePhase::kCount),
+                                              int(qksoftmax::cuda::sm90::KbTracePhase::kCount),
+                                              int(qksoftmax::cuda::sm90::PpTracePhase::kCount)});
 
 // Cycles by role and phase, summed over every CTA of a traced launch.
 struct PhaseCycles {

@@ -34,6 +34,15 @@ constexpr bool kSm90SpDkByTma = false;
 constexpr bool kSm90SpDkByTma = true;
 #endif
 
+// QKSOFTMAX_SM90_SP_NO_EXCHANGE, a diagnostic build's knob: in a cluster, each CTA's statistics taken as the rows'
+// whole (nothing pushed or awaited; dQ and dK wrong), so that the step benchmark times the clusters without the
+// exchange.
+#ifdef QKSOFTMAX_SM90_SP_NO_EXCHANGE
+constexpr bool kSm90SpNoExchange = true;
+#else
+constexpr bool kSm90SpNoExchange = false;
+#endif
+
 // A consumer thread's release of a ring slot (`ring`: a PipelineTmaAsync's shared storage): one arrival on this
 // CTA's own empty barrier. CUTLASS's consumer_release, for a pipeline built for a cluster of one, arrives on the
 // cluster's CTA 0, which in a cluster launch is another CTA's barrier.
@@ -234,6 +243,11 @@ struct SpPpConfig {
   // pushes after its turn of exchange x − 2, so after every thread of it read slot x − 2 (a pair of CTAs
   // exchanges the same blocks, of the same consumer in each): two slots need no "empty" barrier.
   static constexpr int kStatsSlots = 2;
+  // How a consumer combines its rows' partials (SpPpExchange::combine): every lane all of both its rows' (clusters
+  // of 2), or a row's split between two lanes of its quad and merged (clusters of 4 and 8; H200, 2026-12-04,
+  // bench/results/h200-v46-ab.log: the step 2.252 µs against 2.318–2.373 in clusters of 8, 2.526–2.533 against
+  // 2.582–2.603 causal, but 1.887–1.889 against 1.798–1.810 in clusters of 2).
+  static constexpr bool kQuadCombine = kCluster >= 4;
   static constexpr uint32_t kStatsBytes = kBlockM * sizeof(float2);  // a slot: a float2 per row
   // Consumer w's slot of peer `peer` (0 … kPeers − 1: the other CTAs by rank, this one left out) and parity.
   CUTE_HOST_DEVICE static constexpr int stats_slot(int w, int peer, int parity) {

@@ -14,6 +14,7 @@
 
 #include "cuda/sm90/cluster_exchange.cuh"
 #include "cuda/sm90/sp_pp_config.h"
+#include "cuda/sm90/trace.h"
 
 namespace qksoftmax::cuda::sm90 {
 
@@ -23,6 +24,7 @@ struct SpPpExchange {
   static constexpr int kQuad = 4;  // lanes of a row
   static constexpr int kPeers = Cfg::kPeers;
   static constexpr int kCountBits = 2;  // a pair's exchanges so far, modulo 4: the slot's parity and its phase
+  static constexpr int kHalf = Cfg::kCluster > 1 ? Cfg::kCluster / 2 : 1;  // a row's partials that a lane combines
   static_assert(kPeers * kCountBits <= 32, "the counts fit a register");
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
 
@@ -53,9 +55,11 @@ struct SpPpExchange {
 
   // This thread's rows' (LSE, D) over its CTA's keys (`mine`; `rows`: their indices in the block) pushed to the
   // block's peers (peers_of), theirs awaited, and the row's combination returned: the largest LSE_r (`top`),
-  // Σ_r 2^(LSE_r − top) (`sum`) and Σ_r 2^(LSE_r − top) D_r (`d`).
+  // Σ_r 2^(LSE_r − top) (`sum`) and Σ_r 2^(LSE_r − top) D_r (`d`). `mark` is called after the pushes and after
+  // the waits (the trace's phases).
+  template <class Mark>
   __device__ void combine(uint32_t peers, const float2 (&mine)[kRows], const int (&rows)[kRows], int tid,
-                          float (&top)[kRows], float (&sum)[kRows], float (&d)[kRows]) {
+                          float (&top)[kRows], float (&sum)[kRows], float (&d)[kRows], Mark&& mark) {
     if (tid % kQuad == 0) {  // a row's lanes hold the same values: one pushes
       CUTE_UNROLL
       for (int p = 0; p < kPeers; ++p) {
@@ -69,35 +73,92 @@ struct SpPpExchange {
         }
       }
     }
+    mark(PpTracePhase::kPush);
     CUTE_UNROLL
-    for (int ri = 0; ri < kRows; ++ri) top[ri] = mine[ri].x;
-    CUTE_UNROLL
-    for (int p = 0; p < kPeers; ++p) {  // every peer's awaited, the largest LSE found
+    for (int p = 0; p < kPeers; ++p) {  // every peer's awaited
       if (!(peers >> p & 1u)) continue;
       uint64_t* full = &st.stats_full[slot(p)];
       if (tid == 0) Barrier::arrive_and_expect_tx(full, Cfg::kStatsBytes);
       Barrier::wait(full, (count(p) / Cfg::kStatsSlots) & 1u);
-      CUTE_UNROLL
-      for (int ri = 0; ri < kRows; ++ri) top[ri] = fmaxf(top[ri], st.stats[slot(p)][rows[ri]].x);
     }
-    CUTE_UNROLL
-    for (int ri = 0; ri < kRows; ++ri) {
-      sum[ri] = top[ri] == -INFINITY ? 0.0f : exp2_fast(mine[ri].x - top[ri]);
-      d[ri] = sum[ri] * mine[ri].y;
-    }
-    CUTE_UNROLL
-    for (int p = 0; p < kPeers; ++p) {
-      if (!(peers >> p & 1u)) continue;
+    mark(PpTracePhase::kExchange);
+    if constexpr (!Cfg::kQuadCombine) {  // every lane combines every partial of both its rows
       CUTE_UNROLL
-      for (int ri = 0; ri < kRows; ++ri) {
-        const float2 v = st.stats[slot(p)][rows[ri]];
-        const float b = top[ri] == -INFINITY ? 0.0f : exp2_fast(v.x - top[ri]);
-        sum[ri] += b;
-        d[ri] = fmaf(b, v.y, d[ri]);
+      for (int r = 0; r < kRows; ++r) top[r] = mine[r].x;
+      CUTE_UNROLL
+      for (int p = 0; p < kPeers; ++p) {
+        if (!(peers >> p & 1u)) continue;
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) top[r] = fmaxf(top[r], st.stats[slot(p)][rows[r]].x);
       }
-      const uint32_t shift = kCountBits * p;
-      counts = (counts & ~(3u << shift)) | (((count(p) + 1) & 3u) << shift);
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        sum[r] = top[r] == -INFINITY ? 0.0f : exp2_fast(mine[r].x - top[r]);
+        d[r] = sum[r] * mine[r].y;
+      }
+      CUTE_UNROLL
+      for (int p = 0; p < kPeers; ++p) {
+        if (!(peers >> p & 1u)) continue;
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          const float2 v = st.stats[slot(p)][rows[r]];
+          const float b = top[r] == -INFINITY ? 0.0f : exp2_fast(v.x - top[r]);
+          sum[r] += b;
+          d[r] = fmaf(b, v.y, d[r]);
+        }
+        const uint32_t shift = kCountBits * p;
+        counts = (counts & ~(3u << shift)) | (((count(p) + 1) & 3u) << shift);
+      }
+      return;
     }
+    // Otherwise a row's kCluster partials (its own at position 0, peer p's at p + 1) split between two lanes
+    // of its quad (lanes 0 and 1 row 0, lanes 2 and 3 row 1), lane h of the two the positions of parity h; each
+    // reduces its half against its own largest LSE, the two halves are merged in one order on both lanes (so that
+    // they agree bit for bit), and every lane of the quad takes both rows' results.
+    const int lane = threadIdx.x % 32;
+    const int ri = lane % kQuad / 2, h = lane % 2;
+    const int row = ri == 0 ? rows[0] : rows[1];
+    float2 v[kHalf];
+    CUTE_UNROLL
+    for (int i = 0; i < kHalf; ++i) {
+      const int p = 2 * i + h - 1;  // (−1: this CTA's own)
+      v[i] = make_float2(-INFINITY, 0.0f);  // (a peer that does not see the row block)
+      if (p < 0) {
+        v[i] = ri == 0 ? mine[0] : mine[1];
+      } else if (peers >> p & 1u) {
+        v[i] = st.stats[slot(p)][row];
+      }
+    }
+    float t = v[0].x;
+    CUTE_UNROLL
+    for (int i = 1; i < kHalf; ++i) t = fmaxf(t, v[i].x);
+    float s = 0.0f, dd = 0.0f;
+    CUTE_UNROLL
+    for (int i = 0; i < kHalf; ++i) {
+      const float b = t == -INFINITY ? 0.0f : exp2_fast(v[i].x - t);
+      s += b;
+      dd = fmaf(b, v[i].y, dd);
+    }
+    const float t_o = __shfl_xor_sync(0xffffffffu, t, 1), s_o = __shfl_xor_sync(0xffffffffu, s, 1),
+                d_o = __shfl_xor_sync(0xffffffffu, dd, 1);
+    const float t0 = h ? t_o : t, s0 = h ? s_o : s, d0 = h ? d_o : dd;  // the even positions'
+    const float t1 = h ? t : t_o, s1 = h ? s : s_o, d1 = h ? dd : d_o;  // the odd positions'
+    const float tt = fmaxf(t0, t1);
+    const float a0 = tt == -INFINITY ? 0.0f : exp2_fast(t0 - tt), a1 = tt == -INFINITY ? 0.0f : exp2_fast(t1 - tt);
+    const float ss = fmaf(s0, a0, s1 * a1), ds = fmaf(d0, a0, d1 * a1);
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int from = (lane & ~(kQuad - 1)) + 2 * r;  // a lane of the quad that holds row r
+      top[r] = __shfl_sync(0xffffffffu, tt, from);
+      sum[r] = __shfl_sync(0xffffffffu, ss, from);
+      d[r] = __shfl_sync(0xffffffffu, ds, from);
+    }
+    // Each exchanged peer's count + 1 (modulo 4, field by field).
+    uint32_t inc = 0;
+    CUTE_UNROLL
+    for (int p = 0; p < kPeers; ++p) inc |= (peers >> p & 1u) << (kCountBits * p);
+    const uint32_t lo = counts & 0x55555555u, hi = counts & 0xAAAAAAAAu;
+    counts = (lo ^ inc) | (hi ^ ((lo & inc) << 1));
   }
 };
 

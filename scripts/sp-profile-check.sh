@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device call for the dispatched backward as it stands: builds the tree (tests and benchmarks); runs the seed16
 # recompute suite causal (bf16, fp16) and unmasked (bf16), the pingpong single pass's kernel tests, ncu's full set
-# on the kernels that seed16's causal cases spend their time in (the pingpong single pass alone at S = 128 and in
-# clusters of two at S = 256; the two passes' row statistics and key-block pass at S = 1024; B = 8, H = 128), with
+# on the kernels that seed16's causal cases spend their time in (the pingpong single pass in clusters of eight at
+# S = 1024, of four at S = 512 and of two at S = 256; B = 8, H = 128), with
 # each report's speed-of-light lines and the consumers' stall reasons printed, and the GPU tests (ctest) in what is
 # left of the budget. At most 8 files come back from a device call: two results files, one report (the last
 # profile's, by name) and one log archive go to $OUT.
@@ -20,8 +20,8 @@ OUT=${OUT:-out/sp-profile-check}
 BUDGET_S=${BUDGET_S:-540}
 SKIP=${SKIP:-}
 CUDA_FLAGS=${CUDA_FLAGS:-}
-PROFILES=${PROFILES:-"sp-S128 8,128,128,128 sp_pp_kernel 1;sp-S256 8,128,256,128 sp_pp_kernel 1;\
-twopass-S1024 8,128,1024,128 rowstats_kernel|kb_kernel 2"}
+PROFILES=${PROFILES:-"sp-c8-S1024 8,128,1024,128 sp_pp_kernel 1;sp-c4-S512 8,128,512,128 sp_pp_kernel 1;\
+sp-c2-S256 8,128,256,128 sp_pp_kernel 1"}
 # shellcheck source=scripts/device_stages.sh
 source scripts/device_stages.sh
 REPORTS=$(mktemp -d)  # ncu's reports: the last profile's comes back

@@ -24,7 +24,7 @@ struct SpPpExchange {
   static constexpr int kQuad = 4;  // lanes of a row
   static constexpr int kPeers = Cfg::kPeers;
   static constexpr int kCountBits = 2;  // a pair's exchanges so far, modulo 4: the slot's parity and its phase
-  static constexpr int kHalf = Cfg::kCluster > 1 ? Cfg::kCluster / 2 : 1;  // a row's partials that a lane combines
+  static constexpr int kPerLane = Cfg::kCluster > 1 ? Cfg::kCluster / 2 : 1;  // a row's partials a lane combines (quads)
   static_assert(kPeers * kCountBits <= 32, "the counts fit a register");
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
 
@@ -34,6 +34,9 @@ struct SpPpExchange {
   int rank;             // this CTA's
   bool mirrored = false;  // the tile's (KbTile): CTA r holds key block C − 1 − r
   uint32_t counts = 0;  // by peer p, bits [2p, 2p + 2): this consumer's exchanges with it so far, modulo 4
+
+  // 2^(x − top), 0 where top is −inf (a row that sees none of the keys).
+  __device__ static float rescaled(float x, float top) { return top == -INFINITY ? 0.0f : exp2_fast(x - top); }
 
   // The rank of peer p (the other CTAs, by rank), and this CTA's index among the peers of CTA `of`.
   __device__ int peer_rank(int p) const { return p < rank ? p : p + 1; }
@@ -93,7 +96,7 @@ struct SpPpExchange {
       }
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
-        sum[r] = top[r] == -INFINITY ? 0.0f : exp2_fast(mine[r].x - top[r]);
+        sum[r] = rescaled(mine[r].x, top[r]);
         d[r] = sum[r] * mine[r].y;
       }
       CUTE_UNROLL
@@ -102,25 +105,34 @@ struct SpPpExchange {
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) {
           const float2 v = st.stats[slot(p)][rows[r]];
-          const float b = top[r] == -INFINITY ? 0.0f : exp2_fast(v.x - top[r]);
+          const float b = rescaled(v.x, top[r]);
           sum[r] += b;
           d[r] = fmaf(b, v.y, d[r]);
         }
-        const uint32_t shift = kCountBits * p;
-        counts = (counts & ~(3u << shift)) | (((count(p) + 1) & 3u) << shift);
       }
-      return;
+    } else {
+      combine_in_quads(peers, mine, rows, tid, top, sum, d);
     }
-    // Otherwise a row's kCluster partials (its own at position 0, peer p's at p + 1) split between two lanes
-    // of its quad (lanes 0 and 1 row 0, lanes 2 and 3 row 1), lane h of the two the positions of parity h; each
-    // reduces its half against its own largest LSE, the two halves are merged in one order on both lanes (so that
-    // they agree bit for bit), and every lane of the quad takes both rows' results.
-    const int lane = threadIdx.x % 32;
+    // Each exchanged peer's count + 1 (modulo 4, field by field).
+    uint32_t inc = 0;
+    CUTE_UNROLL
+    for (int p = 0; p < kPeers; ++p) inc |= (peers >> p & 1u) << (kCountBits * p);
+    const uint32_t lo = counts & 0x55555555u, hi = counts & 0xAAAAAAAAu;
+    counts = (lo ^ inc) | (hi ^ ((lo & inc) << 1));
+  }
+
+  // SpPpConfig::kQuadCombine: a row's kCluster partials (its own at position 0, peer p's at p + 1) split between two
+  // lanes of its quad (lanes 0 and 1 row 0, lanes 2 and 3 row 1), lane h of the two the positions of parity h; each
+  // reduces its half against its own largest LSE, the two halves are merged in one order on both lanes (so that
+  // they agree bit for bit), and every lane of the quad takes both rows' results.
+  __device__ void combine_in_quads(uint32_t peers, const float2 (&mine)[kRows], const int (&rows)[kRows], int tid,
+                                   float (&top)[kRows], float (&sum)[kRows], float (&d)[kRows]) const {
+    const int lane = tid % 32;
     const int ri = lane % kQuad / 2, h = lane % 2;
     const int row = ri == 0 ? rows[0] : rows[1];
-    float2 v[kHalf];
+    float2 v[kPerLane];
     CUTE_UNROLL
-    for (int i = 0; i < kHalf; ++i) {
+    for (int i = 0; i < kPerLane; ++i) {
       const int p = 2 * i + h - 1;  // (−1: this CTA's own)
       v[i] = make_float2(-INFINITY, 0.0f);  // (a peer that does not see the row block)
       if (p < 0) {
@@ -131,11 +143,11 @@ struct SpPpExchange {
     }
     float t = v[0].x;
     CUTE_UNROLL
-    for (int i = 1; i < kHalf; ++i) t = fmaxf(t, v[i].x);
+    for (int i = 1; i < kPerLane; ++i) t = fmaxf(t, v[i].x);
     float s = 0.0f, dd = 0.0f;
     CUTE_UNROLL
-    for (int i = 0; i < kHalf; ++i) {
-      const float b = t == -INFINITY ? 0.0f : exp2_fast(v[i].x - t);
+    for (int i = 0; i < kPerLane; ++i) {
+      const float b = rescaled(v[i].x, t);
       s += b;
       dd = fmaf(b, v[i].y, dd);
     }
@@ -144,21 +156,15 @@ struct SpPpExchange {
     const float t0 = h ? t_o : t, s0 = h ? s_o : s, d0 = h ? d_o : dd;  // the even positions'
     const float t1 = h ? t : t_o, s1 = h ? s : s_o, d1 = h ? dd : d_o;  // the odd positions'
     const float tt = fmaxf(t0, t1);
-    const float a0 = tt == -INFINITY ? 0.0f : exp2_fast(t0 - tt), a1 = tt == -INFINITY ? 0.0f : exp2_fast(t1 - tt);
+    const float a0 = rescaled(t0, tt), a1 = rescaled(t1, tt);
     const float ss = fmaf(s0, a0, s1 * a1), ds = fmaf(d0, a0, d1 * a1);
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      const int from = (lane & ~(kQuad - 1)) + 2 * r;  // a lane of the quad that holds row r
+      const int from = (lane & ~(kQuad - 1)) + 2 * r;  // a lane of the quad that combined row r
       top[r] = __shfl_sync(0xffffffffu, tt, from);
       sum[r] = __shfl_sync(0xffffffffu, ss, from);
       d[r] = __shfl_sync(0xffffffffu, ds, from);
     }
-    // Each exchanged peer's count + 1 (modulo 4, field by field).
-    uint32_t inc = 0;
-    CUTE_UNROLL
-    for (int p = 0; p < kPeers; ++p) inc |= (peers >> p & 1u) << (kCountBits * p);
-    const uint32_t lo = counts & 0x55555555u, hi = counts & 0xAAAAAAAAu;
-    counts = (lo ^ inc) | (hi ^ ((lo & inc) << 1));
   }
 };
 

@@ -484,42 +484,76 @@ TEST(Sm90Layouts, KeyBlockDqStores) {
   check_dq_offsets<KbFp16SavedPAccum>(kWarpgroup);
 }
 
-// dK's staging in the pingpong single pass (sp_pp_dk.cuh): the dK warpgroup rounds its (BN, D) accumulator into a K
-// buffer (SmemLayoutK, as TMA stores it) by stmatrix at dk_stage_address's 32-bit addresses, access a of row half m
-// taking slots [8a, 8a + 8) of CopydK's (CPY, m, 0). Those addresses must be CuTe's partition of the buffer, CuTe's
-// model must give each slot the accumulator's own coordinate, and stmatrix's own semantics applied to the lanes'
-// addresses must write every (key, d) of the buffer once, with the accumulator's value (key, d).
-template <class Cfg>
-void check_dk_staging() {
+// The pingpong single pass's one-register addresses (SpPpConfig::matrix_address): the consumers' ldmatrix of dP
+// from slot 0 of its ring (SmemLayoutP), their stmatrix of dS into buffer 0 (SmemLayoutdS2) and of dQ into its
+// staging tile (SmemLayoutdQ), and the dK warpgroup's stmatrix of dK into its K buffer (SmemLayoutK, as TMA stores
+// it). Access a of row half m takes slots [8a, 8a + 8) of the copy's (CPY, m, 0) (its retile_D for a load,
+// retile_S for a store). Those addresses must be CuTe's partition of the tile (partition_S for a load,
+// partition_D for a store; slot 0 sliced from the tensor, as the kernel does, so that the swizzle stays on the
+// pointer), CuTe's model must give each slot the accumulator's own coordinate, and the x4 semantics (ldmatrix and
+// stmatrix address alike) applied to the lanes' addresses must reach every (row, column) of the tile once, with
+// the accumulator's value (row, column).
+template <class Cfg, class Mma, class Copy, class L, bool kLoad>
+void check_matrix_addresses(const char* what) {
+  SCOPED_TRACE(what);
   using Element = typename Cfg::Element;
-  using BN = typename Cfg::BN;
-  using HD = typename Cfg::HD;
-  using L = typename Cfg::SmemLayoutK;
+  constexpr int kTileRows = decltype(size<0>(L{}))::value;
+  constexpr int kTileCols = decltype(size<1>(L{}))::value;
+  using Shape2 = Shape<Int<kTileRows>, Int<kTileCols>>;  // (rows, columns)
   static Element buf[cosize_v<L>] __attribute__((aligned(1024)));
-  Tensor sK = make_tensor(make_smem_ptr(buf), L{});  // (BN, D)
-  typename Cfg::MmadKAll mma_dk;
-  typename Cfg::CopydK r2s;
+  const auto tile = [&] {  // (rows, columns): the tile, or slot 0 of a ring of them
+    Tensor t = make_tensor(make_smem_ptr(buf), L{});
+    if constexpr (rank_v<L> == 3) {
+      return t(_, _, 0);
+    } else {
+      return t;
+    }
+  }();
+  Mma mma;
+  Copy copy;
   std::vector<int> written(cosize_v<L>, -1);
   int model = 0, addresses = 0, twice = 0, split = 0, unpaired = 0;
   for (int warp = 0; warp < kWarpgroup / 32; ++warp) {
     WarpCopy wc;
     for (int lane = 0; lane < 32; ++lane) {
       const int tid = warp * 32 + lane;
-      Tensor tdKcdK = mma_dk.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<BN, HD>{}));  // → (key, d)
-      Tensor codes = make_fragment_like<int>(partition_fragment_C(mma_dk, Shape<BN, HD>{}));
-      static_assert(std::is_same_v<decltype(shape(codes)), decltype(shape(tdKcdK))>);
-      for (int i = 0; i < size(codes); ++i) codes(i) = code(get<0>(tdKcdK(i)), get<1>(tdKcdK(i)));
-      auto thr = r2s.get_thread_slice(tid);
-      Tensor src = thr.retile_S(codes);                                      // (CPY, CPY_M, CPY_N)
-      Tensor cS = thr.partition_S(make_identity_tensor(Shape<BN, HD>{}));  // CuTe's coordinate of each slot
+      Tensor tCcC = mma.get_thread_slice(tid).partition_C(make_identity_tensor(Shape2{}));  // → (row, column)
+      Tensor codes = make_fragment_like<int>(partition_fragment_C(mma, Shape2{}));
+      static_assert(std::is_same_v<decltype(shape(codes)), decltype(shape(tCcC))>);
+      for (int i = 0; i < size(codes); ++i) codes(i) = code(get<0>(tCcC(i)), get<1>(tCcC(i)));
+      auto thr = copy.get_thread_slice(tid);
+      const auto regs = [&](auto&& t) {  // (CPY, CPY_M, CPY_N): the registers' side of the copy
+        if constexpr (kLoad) {
+          return thr.retile_D(t);
+        } else {
+          return thr.retile_S(t);
+        }
+      };
+      const auto smem = [&](auto&& t) {  // (CPY, CPY_M, CPY_N): the tile's side
+        if constexpr (kLoad) {
+          return thr.partition_S(t);
+        } else {
+          return thr.partition_D(t);
+        }
+      };
+      const auto coords = [&](auto&& t) {  // CuTe's coordinate of each register slot
+        if constexpr (kLoad) {
+          return thr.partition_D(t);
+        } else {
+          return thr.partition_S(t);
+        }
+      };
+      Tensor src = regs(codes);
+      Tensor cS = coords(make_identity_tensor(Shape2{}));
       for (int i = 0; i < size(src); ++i) model += src(i) != code(get<0>(cS(i)), get<1>(cS(i)));
-      Tensor part = thr.partition_D(sK);  // (CPY, CPY_M, CPY_N)
-      ASSERT_EQ(int(size<0>(src)), kMatrixValues * Cfg::kDkStageAccesses);
+      Tensor part = smem(tile);
+      ASSERT_EQ(int(size<0>(src)), kMatrixValues * Cfg::kMatrixAccesses);
+      ASSERT_EQ(int(size<1>(src)), kTileRows / Cfg::kBlockM);
       ASSERT_EQ(int(size<2>(src)), 1);
-      const uint32_t first = Cfg::dk_stage_first(tid);
+      const uint32_t first = Cfg::matrix_first(tid);
       for (int m = 0; m < size<1>(src); ++m) {
-        for (int a = 0; a < Cfg::kDkStageAccesses; ++a) {
-          const uint32_t at = Cfg::dk_stage_address(first, a, m);
+        for (int a = 0; a < Cfg::kMatrixAccesses; ++a) {
+          const uint32_t at = Cfg::template matrix_address<kTileRows>(first, a, m);
           addresses += at != uint32_t(reinterpret_cast<const char*>(&part(a * kMatrixValues, m, 0)) -
                                       reinterpret_cast<const char*>(buf));
           for (int v = 0; v < kMatrixValues; ++v) {
@@ -535,20 +569,30 @@ void check_dk_staging() {
     split += wc.split;
   }
   int wrong = 0;
-  for (int k = 0; k < Cfg::kBlockN; ++k) {
-    for (int d = 0; d < Cfg::kHeadDim; ++d) wrong += written[&sK(k, d) - buf] != code(k, d);
+  for (int r = 0; r < kTileRows; ++r) {
+    for (int c = 0; c < kTileCols; ++c) wrong += written[&tile(r, c) - buf] != code(r, c);
   }
-  EXPECT_EQ(addresses, 0) << "dk_stage_address: accesses not at CuTe's partition of the buffer";
+  EXPECT_EQ(addresses, 0) << "matrix_address: accesses not at CuTe's partition of the tile";
   EXPECT_EQ(model, 0) << "CuTe's model: register slots whose coordinate is not the accumulator's";
-  EXPECT_EQ(twice, 0) << "buffer elements written twice";
-  EXPECT_EQ(wrong, 0) << "buffer elements (key, d) that stmatrix fills with another accumulator value";
-  EXPECT_EQ(split, 0) << "stmatrix rows that are not 16 contiguous, aligned bytes";
+  EXPECT_EQ(twice, 0) << "tile elements reached twice";
+  EXPECT_EQ(wrong, 0) << "tile elements (row, column) that the accesses pair with another accumulator value";
+  EXPECT_EQ(split, 0) << "x4 rows that are not 16 contiguous, aligned bytes";
   EXPECT_EQ(unpaired, 0) << "slot pairs that are not one 32-bit register";
 }
 
-TEST(Sm90Layouts, DkStaging) {
-  check_dk_staging<SpPpConfig<cutlass::bfloat16_t, 128, true, 1>>();
-  check_dk_staging<SpPpConfig<cutlass::half_t, 128, true, 8>>();
+template <class Cfg>
+void check_sp_matrix_addresses() {
+  check_matrix_addresses<Cfg, typename Cfg::MmaS, typename Cfg::CopydP, typename Cfg::SmemLayoutP, true>("dP");
+  check_matrix_addresses<Cfg, typename Cfg::MmaS, typename Cfg::CopydS, typename Cfg::SmemLayoutdS2, false>("dS");
+  check_matrix_addresses<Cfg, typename Cfg::MmadQ, typename Cfg::CopydQ, typename Cfg::SmemLayoutdQ, false>(
+      "dQ staging");
+  check_matrix_addresses<Cfg, typename Cfg::MmadKAll, typename Cfg::CopydK, typename Cfg::SmemLayoutK, false>(
+      "dK staging");
+}
+
+TEST(Sm90Layouts, MatrixAddresses) {
+  check_sp_matrix_addresses<SpPpConfig<cutlass::bfloat16_t, 128, true, 1>>();
+  check_sp_matrix_addresses<SpPpConfig<cutlass::half_t, 128, true, 8>>();
 }
 
 // (5) K_w as Sᵀ's register A operand: CopyKA (ldmatrix) from consumer w's (HF, D) part of K, as TMA wrote it,

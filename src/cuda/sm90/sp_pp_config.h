@@ -172,30 +172,35 @@ struct SpPpConfig {
   using MmadQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<BM, HD, BN>, GMMA::Major::K, GMMA::Major::MN>()));
   using CopydQ = decltype(make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, MmadQ{}));
-  // The dK warpgroup's dK, rounded, into its tile's K buffer (SmemLayoutK) by stmatrix: a thread's partition is
-  // (CPY, CPY_M, CPY_N) = ((8, (4, 2)), 2, 1), access a of row half m at address
-  // dk_stage_address(at, a, m), `at` the address of its first (dk_stage_first, from a 1024-byte aligned buffer):
-  // 32-bit arithmetic on one register, where CuTe's partition keeps every access's address
-  // (Sm90Layouts.DkStaging checks it against that partition).
+  // A 16-bit tile of 128 columns in the 128-byte swizzle (SmemAtom: two atoms of 64 columns, the second kTileRows
+  // rows of 128 bytes further) read or written by ldmatrix / stmatrix (x4) in a wgmma accumulator's layout: a
+  // thread's partition is (CPY, CPY_M, CPY_N) = ((8, (4, 2)), rows / 64, 1), access a of row half m at
+  // matrix_address<kTileRows>(at, a, m), `at` the address of its first (matrix_first, from a 1024-byte aligned
+  // tile): 32-bit arithmetic on one register, where CuTe's partition keeps every access's address in 64-bit
+  // generic arithmetic (Sm90Layouts.MatrixAddresses checks it against that partition for every such tile: dP, dS,
+  // the dQ staging and the dK warpgroup's dK in its K buffer).
   using CopydK = decltype(make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, MmadKAll{}));
   static constexpr uint32_t kSwizzleRowBytes = 128;  // a row of the 128-byte swizzle atom
   static constexpr uint32_t kChunkBytes = 16;        // the swizzle's unit, an access's row of 8 values
-  static constexpr int kDkStageAccesses = 8;         // per row half: 128 columns, 16 an access
-  CUTE_HOST_DEVICE static uint32_t dk_stage_first(int tid) {
+  static constexpr int kMatrixAccesses = 8;          // per row half: 128 columns, 16 an access
+  CUTE_HOST_DEVICE static uint32_t matrix_first(int tid) {
     const int warp = tid / 32, lane = tid % 32;
-    const int row = 16 * warp + lane % 8 + 8 * (lane / 8 % 2);  // (stmatrix.x4: lanes 8-15 address rows 8-15)
+    const int row = 16 * warp + lane % 8 + 8 * (lane / 8 % 2);  // (x4: lanes 8-15 address rows 8-15)
     return uint32_t(row) * kSwizzleRowBytes + uint32_t((lane / 16) ^ (lane % 8)) * kChunkBytes;
   }
   // Access a's columns 16a + 8·(lane / 16): chunk (lane / 16) + 2(a mod 4) of atom column a / 4, which the swizzle
-  // XORs with the row's low 3 bits; the chunk's bits 1-2 come from a alone, so they XOR into `at`.
-  CUTE_HOST_DEVICE static constexpr uint32_t dk_stage_address(uint32_t at, int a, int m) {
+  // XORs with the row's low 3 bits; the chunk's bits 1-2 come from a alone, so they XOR into `at` (whose tile is
+  // 1024-byte aligned: no carry reaches the XORed bits).
+  template <int kTileRows>
+  CUTE_HOST_DEVICE static constexpr uint32_t matrix_address(uint32_t at, int a, int m) {
     constexpr int kChunksPerAccess = 2, kChunksPerAtom = 8;
     constexpr int kAccessesPerAtom = kChunksPerAtom / kChunksPerAccess;
     return (at ^ uint32_t(kChunksPerAccess * (a % kAccessesPerAtom)) * kChunkBytes) +
-           uint32_t(a / kAccessesPerAtom) * kBlockN * kSwizzleRowBytes + uint32_t(m) * kBlockM * kSwizzleRowBytes;
+           uint32_t(a / kAccessesPerAtom) * kTileRows * kSwizzleRowBytes + uint32_t(m) * kBlockM * kSwizzleRowBytes;
   }
-  static_assert(sizeof(Element) == 2 && kHeadDim == 2 * kSwizzleRowBytes / sizeof(Element),
-                "dk_stage_address: 16-bit rows of two swizzle atoms");
+  static_assert(sizeof(Element) == 2 && kHeadDim == 2 * kSwizzleRowBytes / sizeof(Element) &&
+                    kBlockN == 2 * kSwizzleRowBytes / sizeof(Element),
+                "matrix_address: 16-bit rows of two swizzle atoms (dP, dS, dQ and dK alike)");
   // Consumer w's (HF, BM) part, its keys, of a (BN, BM) view.
   template <class Tile>
   CUTE_HOST_DEVICE static auto consumer_keys(Tile&& tile, int w) {
@@ -316,6 +321,29 @@ struct SpPpConfig {
 template <int kStages>
 __device__ inline cutlass::PipelineState<kStages> block_state(int g) {
   return cutlass::PipelineState<kStages>(g % kStages, uint32_t(g / kStages) & 1, g);
+}
+
+// A thread's x4 accesses of a (kTileRows, 128) tile at Cfg::matrix_address from `at` (its tile's address plus
+// Cfg::matrix_first): access(address, values) for each, the values the 8 slots of frag (CPY, CPY_M, CPY_N), 16-bit,
+// the copy's retile_D (loads) or retile_S (stores).
+template <class Cfg, int kTileRows, class Frag, class Access>
+__device__ void for_each_tile_access(uint32_t at, Frag&& frag, Access&& access) {
+  static_assert(size<0>(std::decay_t<Frag>{}.layout()) == kMatrixValues * Cfg::kMatrixAccesses, "x4 accesses");
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(frag); ++m) {
+    CUTE_UNROLL
+    for (int a = 0; a < Cfg::kMatrixAccesses; ++a) {
+      access(Cfg::template matrix_address<kTileRows>(at, a, m), frag(make_coord(_, a), m, 0));
+    }
+  }
+}
+template <class Cfg, int kTileRows, class Frag>
+__device__ void load_tile_matrices(uint32_t at, Frag&& frag) {
+  for_each_tile_access<Cfg, kTileRows>(at, frag, [](uint32_t addr, auto&& v) { load_matrix(addr, v); });
+}
+template <class Cfg, int kTileRows, class Frag>
+__device__ void store_tile_matrices(uint32_t at, const Frag& frag) {
+  for_each_tile_access<Cfg, kTileRows>(at, frag, [](uint32_t addr, const auto& v) { store_matrix(addr, v); });
 }
 
 }  // namespace qksoftmax::cuda::sm90

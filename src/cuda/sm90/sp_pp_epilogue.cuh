@@ -24,17 +24,10 @@ struct SpDqStore {
   const typename Cfg::Params& params;
   Element* base;  // the staging tiles' start in shared memory
 
-  // This thread's (tid, within its warpgroup) stmatrix addresses in staging tile 0.
-  __device__ auto addresses(int tid) const {
-    typename Cfg::CopydQ r2s;
-    return matrix_addresses(
-        r2s.get_thread_slice(tid).partition_D(make_tensor(make_smem_ptr(base), typename Cfg::SmemLayoutdQ{})));
-  }
-
   // A warpgroup's thread: its part of the complete dQ of a block, finished (KbFinish), rounded into staging tile
-  // `tile` by stmatrix and fenced for the TMA store that reads it after the warpgroup's release of the tile.
-  template <class Addr>
-  __device__ void stage(const FragdQ& tdQrdQ, const Addr& addr, int tile, int tid) const {
+  // `tile` by stmatrix (`at`: its first access in tile 0, Cfg::matrix_address) and fenced for the TMA store that
+  // reads it after the warpgroup's release of the tile.
+  __device__ void stage(const FragdQ& tdQrdQ, uint32_t at, int tile, int tid) const {
     const Problem& prob = params.prob;
     typename Cfg::CopydQ r2s;
     with_kb_finish<Cfg>(prob, [&](auto finish) {
@@ -42,7 +35,7 @@ struct SpDqStore {
       Tensor out = make_fragment_like<Element>(tdQrdQ);  // (MMA, 1, 1)
       CUTE_UNROLL
       for (int i = 0; i < size(tdQrdQ); ++i) out(i) = Element(kb_finish<kFinish>(tdQrdQ(i), prob.scale));
-      store_matrices(addr, uint32_t(tile) * kTileBytes, r2s.get_thread_slice(tid).retile_S(out));
+      store_tile_matrices<Cfg, Cfg::kBlockM>(at + uint32_t(tile) * kTileBytes, r2s.get_thread_slice(tid).retile_S(out));
     });
     cutlass::arch::fence_view_async_shared();  // dQ written by threads, read by TMA
   }

@@ -62,7 +62,6 @@ struct SpPpMainloop {
     Tensor sQt = make_tensor(make_smem_ptr(st.q.data()), typename Cfg::SmemLayoutQt{});    // (D, BM, QS)
     Tensor sK = make_tensor(make_smem_ptr(st.k.data()), typename Cfg::SmemLayoutKB{});     // (BN, D, KB)
     Tensor sKt = make_tensor(make_smem_ptr(st.k.data()), typename Cfg::SmemLayoutKtB{});   // (D, BN, KB)
-    Tensor sdP = make_tensor(make_smem_ptr(st.dp.data()), typename Cfg::SmemLayoutP{});    // (BM, BN, PS)
     Tensor sdS = make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdS2{});   // (BM, BN, DB)
     Tensor sdSt = make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdSt2{});  // (BN, BM, DB)
 
@@ -81,13 +80,13 @@ struct SpPpMainloop {
     const Tensor tdQsK = thr_dq.partition_fragment_B(sKt);   // (MMA, 1, BN/16, KB) descriptors
     using FragdQ = decltype(partition_fragment_C(mma_dq, Shape<BM, HD>{}));  // (MMA, 1, 1) fp32
 
-    // 32-bit shared-memory addresses of this thread's ldmatrix accesses of dP in slot 0 and stmatrix accesses of
-    // dS in buffer 0 (a slot or buffer is one whole tile further).
-    const auto dp_addr = matrix_addresses(typename Cfg::CopydP{}.get_thread_slice(tid).partition_S(sdP(_, _, 0)));
-    const auto ds_addr = matrix_addresses(typename Cfg::CopydS{}.get_thread_slice(tid).partition_D(sdS(_, _, 0)));
+    // The 32-bit shared-memory address of this thread's first ldmatrix access of dP in slot 0 and of its first
+    // stmatrix access of dS in buffer 0 (Cfg::matrix_address: the others one XOR or add away, a slot or buffer one
+    // whole tile further).
+    const uint32_t dp_at = smem_addr(st.dp.data()) + Cfg::matrix_first(tid);
+    const uint32_t ds_at = smem_addr(st.ds.data()) + Cfg::matrix_first(tid);
     // dQ staged in its block's dP slot (SpDqStore), from where the dP load thread stores it.
     const SpDqStore<Cfg> dq_out{params, st.dp.data()};
-    const auto dq_addr = dq_out.addresses(tid);  // (A, CPY_M, CPY_N) of slot (buffer) 0
 
     // dK_w over a block's rows: its A operand from the block's dS buffer, Q from the block's slot.
     const auto add_dk = [&](int ds_buf, int q_slot) {
@@ -123,8 +122,8 @@ struct SpPpMainloop {
       warpgroup_fence_operand(tSrS);
       if constexpr (kDkWarpgroup) release_slot(st.q_pipe, q_state);  // its S done (dK reads it in its warpgroup)
       FragS16 tSrdP;  // (MMA, 1, 1)
-      load_matrices(dp_addr, uint32_t(p_state.index()) * kTileBytes,
-                    typename Cfg::CopydP{}.get_thread_slice(tid).retile_D(tSrdP));
+      load_tile_matrices<Cfg, kBlockM>(dp_at + uint32_t(p_state.index()) * kTileBytes,
+                                       typename Cfg::CopydP{}.get_thread_slice(tid).retile_D(tSrdP));
       trace.mark(PpTracePhase::kWaitS);
       const bool cut = softmax.cut(m0, n0);
       float m[kRows], f[kRows], fd[kRows];  // (f, fd: l and u until the factors)
@@ -149,8 +148,8 @@ struct SpPpMainloop {
       // dS(j)'s buffer: block j − 3's products done.
       if (j >= Cfg::kDsBuffers) cutlass::arch::ClusterBarrier::wait(&st.ds_free[Cfg::ds_buffer(j)], Cfg::ds_phase(j - Cfg::kDsBuffers));
       trace.mark(PpTracePhase::kDsFree);
-      store_matrices(ds_addr, uint32_t(Cfg::ds_buffer(j)) * kTileBytes,
-                     typename Cfg::CopydS{}.get_thread_slice(tid).retile_S(tSrdS));
+      store_tile_matrices<Cfg, kBlockM>(ds_at + uint32_t(Cfg::ds_buffer(j)) * kTileBytes,
+                                        typename Cfg::CopydS{}.get_thread_slice(tid).retile_S(tSrdS));
       cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
       if constexpr (kDkWarpgroup) {
         cutlass::arch::ClusterBarrier::arrive(&st.ds_full[Cfg::ds_buffer(j)]);  // (for the dK warpgroup)
@@ -203,7 +202,7 @@ struct SpPpMainloop {
         warpgroup_fence_operand(tdQrdQ);
         cutlass::arch::ClusterBarrier::arrive(&st.ds_free[Cfg::ds_buffer(j)]);
         trace.mark(PpTracePhase::kWaitProducts);
-        dq_out.stage(tdQrdQ, dq_addr, p_state.index(), tid);
+        dq_out.stage(tdQrdQ, dp_at, p_state.index(), tid);
         release_slot(st.p_pipe, p_state);  // (the dP load thread stores dQ from the slot before loading it again)
         trace.mark(PpTracePhase::kStoreDq);
       };

@@ -25,6 +25,7 @@ struct SpPpExchange {
   static constexpr int kPeers = Cfg::kPeers;
   static constexpr int kCountBits = 2;  // a pair's exchanges so far, modulo 4: the slot's parity and its phase
   static constexpr int kPerLane = Cfg::kCluster > 1 ? Cfg::kCluster / 2 : 1;  // a row's partials a lane combines (quads)
+  static constexpr int kPushesPerLane = (kPeers + kQuad - 1) / kQuad;  // the peers a lane of a quad pushes to
   static_assert(kPeers * kCountBits <= 32, "the counts fit a register");
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
 
@@ -63,17 +64,18 @@ struct SpPpExchange {
   template <class Mark>
   __device__ void combine(uint32_t peers, const float2 (&mine)[kRows], const int (&rows)[kRows], int tid,
                           float (&top)[kRows], float (&sum)[kRows], float (&d)[kRows], Mark&& mark) {
-    if (tid % kQuad == 0) {  // a row's lanes hold the same values: one pushes
+    // A row's lanes hold the same values: lane q of the quad pushes them to peers q, q + 4, … (the quad's four
+    // lanes share the pushes).
+    CUTE_UNROLL
+    for (int i = 0; i < kPushesPerLane; ++i) {
+      const int p = tid % kQuad + kQuad * i;
+      if (p >= kPeers || !(peers >> p & 1u)) continue;
+      const int r = peer_rank(p);
+      const int at = Cfg::stats_slot(w, index_at(r), int(count(p) % Cfg::kStatsSlots));
+      const uint32_t remote_full = cluster_addr(smem_addr(&st.stats_full[at]), uint32_t(r));
       CUTE_UNROLL
-      for (int p = 0; p < kPeers; ++p) {
-        if (!(peers >> p & 1u)) continue;
-        const int r = peer_rank(p);
-        const int at = Cfg::stats_slot(w, index_at(r), int(count(p) % Cfg::kStatsSlots));
-        const uint32_t remote_full = cluster_addr(smem_addr(&st.stats_full[at]), uint32_t(r));
-        CUTE_UNROLL
-        for (int ri = 0; ri < kRows; ++ri) {
-          push_f2(cluster_addr(smem_addr(&st.stats[at][rows[ri]]), uint32_t(r)), mine[ri], remote_full);
-        }
+      for (int ri = 0; ri < kRows; ++ri) {
+        push_f2(cluster_addr(smem_addr(&st.stats[at][rows[ri]]), uint32_t(r)), mine[ri], remote_full);
       }
     }
     mark(PpTracePhase::kPush);

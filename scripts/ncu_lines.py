@@ -12,6 +12,15 @@ match), e.g. for the saved-P fused kernel:
     scripts/ncu_lines.py logs/ncu-saved_p-sass.csv fused.cubin --top 40
 
 With several kernels in the CSV (one block each), --kernel N picks the N-th (0 = first).
+
+--role N keeps the N-th role of a warp-specialised kernel (ncu_stalls.parts: from a `USETMAXREG.TRY_ALLOC` to
+the next reallocation; the pingpong single pass's dK warpgroup is 1, its consumers 2). With --blocks (the blocks
+that role ran, over all CTAs) the role's instructions are summed instead by their inlining chain in the project's
+sources (`nvdisasm -gi`), outermost first, --depth frames below the role's entry (--under FILE:LINE: only below
+that frame), and printed per warp (--warps per block) and block:
+
+    scripts/ncu_lines.py logs/ncu-sp-c8-S1024-sass.csv sp_c8.cubin --function sp_pp_kernel --role 2 \
+        --blocks 73728 --depth 2
 """
 
 import argparse
@@ -23,8 +32,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ncu_stalls import parts
+
 SAMPLES = "Warp Stall Sampling (All Samples)"
 EXECUTED = "Instructions Executed"
+OURS = re.compile(r"(^|/)(src|tests|bench)/")  # the project's sources (CUTLASS's and CUDA's frames are skipped)
 
 
 def kernel_blocks(path):
@@ -40,8 +52,9 @@ def kernel_blocks(path):
 
 
 def source_lines(cubin, nvdisasm, function):
-    """{offset: (file, line)} and {offset: opcode} of one function of the cubin (nvdisasm -g)."""
-    text = subprocess.run([nvdisasm, "-g", "-c", str(cubin)], check=True, capture_output=True, text=True).stdout
+    """{offset: (file, line, path)}, {offset: opcode} and {offset: chain} of one function of the cubin (nvdisasm
+    -gi); a chain is the instruction's inlining chain, [(file, line)] innermost first."""
+    text = subprocess.run([nvdisasm, "-gi", "-c", str(cubin)], check=True, capture_output=True, text=True).stdout
     functions = re.split(r"\n\s*\.text\.(\S+):", text)
     chosen = None
     for i in range(1, len(functions), 2):
@@ -50,18 +63,43 @@ def source_lines(cubin, nvdisasm, function):
             break
     if chosen is None:
         sys.exit(f"no function matching '{function}' in {cubin}")
-    where, opcodes, current = {}, {}, None
+    where, opcodes, chains, chain, current, in_chain = {}, {}, {}, [], None, False
     for line in chosen.splitlines():
         m = re.match(r'\s*//## File "([^"]+)", line (\d+)', line)
         if m:
-            current = (Path(m.group(1)).name, int(m.group(2)), m.group(1))
+            if not in_chain:
+                chain, current = [], (Path(m.group(1)).name, int(m.group(2)), m.group(1))
+            chain.append((m.group(1), int(m.group(2))))
+            in_chain = True
             continue
+        in_chain = False
         m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*)", line)
         if m:
             offset = int(m.group(1), 16)
             tokens = [t for t in m.group(2).split() if not t.startswith("@")]  # no predicate
             where[offset], opcodes[offset] = current, tokens[0].rstrip(";") if tokens else "?"
-    return where, opcodes
+            chains[offset] = chain
+    return where, opcodes, chains
+
+
+def by_chain(rows, col, base, chains, args):
+    """The rows' executed instructions per warp and block, by their frames in the project's sources."""
+    executed, samples = collections.Counter(), collections.Counter()
+    scale = args.blocks * args.warps
+    for r in rows:
+        frames = [f"{Path(f).name}:{n}" for f, n in reversed(chains.get(int(r[0], 16) - base, [])) if OURS.search(f)]
+        if args.under:
+            if args.under not in frames:
+                continue
+            frames = frames[frames.index(args.under):]
+        key = " > ".join(frames[1:1 + args.depth]) or (frames[0] if frames else "?")
+        executed[key] += float(r[col[EXECUTED]] or 0)
+        samples[key] += float(r[col[SAMPLES]] or 0)
+    total, sampled = sum(executed.values()), sum(samples.values()) or 1.0
+    print(f"{total / scale:.0f} instructions per warp and block")
+    print(f"{'instrs':>8} {'samples':>8}  frames (outermost first)")
+    for key, n in executed.most_common(args.top):
+        print(f"{n / scale:8.1f} {100 * samples[key] / sampled:7.1f}%  {key}")
 
 
 def main():
@@ -72,15 +110,30 @@ def main():
     parser.add_argument("--function", help="a substring of the mangled name in the cubin (default: the first)")
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--nvdisasm", default=shutil.which("nvdisasm") or "nvdisasm")
+    parser.add_argument("--role", type=int, help="only the N-th role that takes registers (1 = first)")
+    parser.add_argument("--blocks", type=float, help="the blocks the role ran: instructions by inlining chain")
+    parser.add_argument("--warps", type=int, default=4, help="the warps that run a block (with --blocks)")
+    parser.add_argument("--depth", type=int, default=2, help="frames below the role's entry (with --blocks)")
+    parser.add_argument("--under", default="", help="only below this frame, FILE:LINE (with --blocks)")
     args = parser.parse_args()
 
     name, header, rows = kernel_blocks(args.csv)[args.kernel]
     col = {n: i for i, n in enumerate(header)}
-    where, opcodes = source_lines(args.cubin, args.nvdisasm, args.function)
+    where, opcodes, chains = source_lines(args.cubin, args.nvdisasm, args.function)
     base = int(rows[0][0], 16)
     mismatches = sum(1 for r in rows if opcodes.get(int(r[0], 16) - base, "?").split(".")[0] not in r[1])
     print(f"{name[:120]}\n{len(rows)} instructions profiled, {len(opcodes)} in the cubin, "
           f"{mismatches} opcode mismatches (0: same build)")
+    if args.role:
+        roles = [p for p in parts(rows) if p[0].startswith("role ")]
+        _, first, end = roles[args.role - 1]
+        rows = rows[first:end]
+        print(f"role {args.role}: {len(rows)} instructions")
+    if args.blocks:
+        if mismatches:
+            sys.exit("not the profiled build: no per-block figures")
+        by_chain(rows, col, base, chains, args)
+        return
     samples, executed = collections.Counter(), collections.Counter()
     for r in rows:
         key = where.get(int(r[0], 16) - base)

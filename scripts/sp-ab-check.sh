@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call for an A/B of the pingpong single pass: builds one tree per variant (AB: "name=CUDA flags"
-# entries, ';'-separated; an empty flags part is the control), each with its kernel tests, step benchmark and
+# entries, ';'-separated; an empty flags part is the control; "name@dir=flags" builds the sources in dir, such as
+# an earlier revision's `git archive` under build/, carried), each with its kernel tests, step benchmark and
 # bench, in parallel; then per variant: the pingpong kernel tests (GpuSp*: its variants, clusters, dK's stores), the
 # step benchmark with its trace, and the seed16 recompute suite (causal bf16, fp16; unmasked bf16), in turns
 # (A B A B…) so that the machine's drift shows as such. At most 8 files come back from a device call: each
@@ -8,6 +9,8 @@
 #
 #   AB="main=;nopairs=-DQKSOFTMAX_SM90_SP_NO_PAIRS" UNTESTED=nopairs scripts/sp-ab-check.sh   (carry .deps; ~6 min)
 #   AB="pairs8=-DQKSOFTMAX_SM90_SP_MAX_CLUSTER=8;main=" UNTESTED=main scripts/sp-ab-check.sh
+#   mkdir -p build/head && git archive HEAD | tar -x -C build/head   (then carry .deps and build/head)
+#   AB="head@build/head=;new=" UNTESTED=head scripts/sp-ab-check.sh
 # shellcheck disable=SC2086
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-out/sp-ab-check}
@@ -21,9 +24,14 @@ source scripts/device_stages.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 IFS=';' read -r -a variants <<< "$AB"
 jobs=$((16 / ${#variants[@]}))
-for v in "${variants[@]}"; do
-  name=${v%%=*} flags=${v#*=}
-  stage "configure-$name" 60 cmake -S . -B "build/ab-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+for i in "${!variants[@]}"; do
+  name=${variants[$i]%%=*} flags=${variants[$i]#*=} src=.
+  if [[ $name == *@* ]]; then
+    src=${name#*@} name=${name%%@*}
+    [ -d "$src/.deps" ] || cp -r .deps "$src/.deps"
+  fi
+  variants[i]="$name=$flags"
+  stage "configure-$name" 60 cmake -S "$src" -B "build/ab-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DQKSOFTMAX_BUILD_TESTS=ON -DQKSOFTMAX_BUILD_BENCH=ON -DQKSOFTMAX_BUILD_PYTHON=OFF "-DCMAKE_CUDA_FLAGS=$flags"
   targets="qksoftmax-step qksoftmax-bench"
   skipped tests || [[ " $UNTESTED " == *" $name "* ]] || targets+=" qksoftmax_kernel_tests"

@@ -595,6 +595,27 @@ TEST(Sm90Layouts, MatrixAddresses) {
   check_sp_matrix_addresses<SpPpConfig<cutlass::half_t, 128, true, 8>>();
 }
 
+// The pingpong single pass's element-wise view of S (SpPpSoftmax's RowCol: a thread's (rows, keys) of the (64, 128)
+// block): its first kKeys / 2 values of a row must be the block's first 64 keys, for every thread, so that a block
+// whose rows see none of the second 64 (kSm90SpHalfDiagonal) can skip the rest.
+TEST(Sm90Layouts, SoftmaxFirstHalfKeys) {
+  using Cfg = SpPpConfig<cutlass::bfloat16_t, 128, true, 1>;
+  using Shape2 = Shape<typename Cfg::BM, typename Cfg::BN>;
+  typename Cfg::MmaS mma;
+  int wrong = 0, values = 0;
+  for (int tid = 0; tid < kWarpgroup; ++tid) {
+    Tensor tScS = mma.get_thread_slice(tid).partition_C(make_identity_tensor(Shape2{}));  // (MMA, 1, 1) → (row, key)
+    Tensor rc = make_tensor(tScS.data(), rowcol(tScS.layout()));                        // (rows, keys)
+    const int keys = size<1>(rc);
+    ASSERT_EQ(keys, 32);
+    for (int ri = 0; ri < size<0>(rc); ++ri) {
+      for (int ci = 0; ci < keys; ++ci, ++values) wrong += (get<1>(rc(ri, ci)) < Cfg::kBlockN / 2) != (ci < keys / 2);
+    }
+  }
+  EXPECT_EQ(values, kWarpgroup * 64);
+  EXPECT_EQ(wrong, 0) << "values whose half of the keys is not their half of the thread's row";
+}
+
 // (5) K_w as Sᵀ's register A operand: CopyKA (ldmatrix) from consumer w's (HF, D) part of K, as TMA wrote it,
 // into MmaSt's partition_fragment_A. Each register slot must receive K(64w + key, d) for the (key, d) that
 // MmaSt's partition_A gives the slot, by CuTe's model and by ldmatrix's own semantics; value pairs must be

@@ -43,6 +43,15 @@ constexpr bool kSm90SpNoExchange = true;
 constexpr bool kSm90SpNoExchange = false;
 #endif
 
+// QKSOFTMAX_SM90_SP_HALF_DIAGONAL, an A/B build's knob: a block whose rows see none of the CTA's second 64 keys
+// (a key block's first row block under a causal mask) runs its element-wise work over the first 64 alone
+// (SpPpSoftmax::cut).
+#ifdef QKSOFTMAX_SM90_SP_HALF_DIAGONAL
+constexpr bool kSm90SpHalfDiagonal = true;
+#else
+constexpr bool kSm90SpHalfDiagonal = false;
+#endif
+
 // A consumer thread's release of a ring slot (`ring`: a PipelineTmaAsync's shared storage): one arrival on this
 // CTA's own empty barrier. CUTLASS's consumer_release, for a pipeline built for a cluster of one, arrives on the
 // cluster's CTA 0, which in a cluster launch is another CTA's barrier.

@@ -39,13 +39,22 @@ struct SpPpSoftmax {
     return make_tensor(tScS.data(), rowcol(tScS.layout()));                                       // (rows, keys)
   }
 
-  // Whether the block of rows [m0, m0 + 64) has keys of the CTA (from n0) that some row does not see (its
-  // element-wise code then masks; a block without is compiled without the compares).
-  __device__ bool cut(int64_t m0, int64_t n0) const { return keys.cuts(m0, Cfg::kBlockM, n0, Cfg::kBlockN); }
+  // The block of rows [m0, m0 + 64) against the CTA's keys (from n0): every row sees every key (compiled without the
+  // compares); some row does not see some key (the element-wise code masks); or, with kSm90SpHalfDiagonal, no row
+  // sees the second 64 keys (a key block's first row block under a causal mask): the work runs over the first 64
+  // alone (ci < kKeys / 2 in RowCol: columns 8c + 2·(lane mod 4) + v of chunks c < 8), p and dS 0 past them.
+  enum class Cut { kNone, kSome, kFirstHalf };
+  __device__ Cut cut(int64_t m0, int64_t n0) const {
+    if (!keys.cuts(m0, Cfg::kBlockM, n0, Cfg::kBlockN)) return Cut::kNone;
+    if constexpr (kSm90SpHalfDiagonal) {
+      if (keys.sees_none(m0, Cfg::kBlockM, n0 + Cfg::kBlockN / 2)) return Cut::kFirstHalf;
+    }
+    return Cut::kSome;
+  }
 
   // The sums of the block's rows over the CTA's keys: S (overwritten) into p, masked, and each row's m (0 where the
   // row sees none of the keys), l and u (of every lane of its quad).
-  __device__ void sums(FragS& tSrS, const FragS16& tSrdP, int64_t m0, int64_t n0, bool is_cut,
+  __device__ void sums(FragS& tSrS, const FragS16& tSrdP, int64_t m0, int64_t n0, Cut block_cut,
                        float (&m_out)[kRows], float (&l_out)[kRows], float (&u_out)[kRows]) const {
     Tensor s = make_tensor(tSrS.data(), RowCol{});          // (rows, keys)
     const Tensor dp = make_tensor(tSrdP.data(), RowCol{});  // (rows, keys)
@@ -57,8 +66,9 @@ struct SpPpSoftmax {
       for (int i = 0; i < size(tSrS); ++i) tSrS(i) *= scale_log2;
     }
     const float k = prescale ? 1.0f : scale_log2;
-    const auto rows = [&](auto cut_kind) {
+    const auto rows = [&](auto cut_kind, auto live_keys) {
       constexpr bool kCut = decltype(cut_kind)::value;
+      constexpr int kLive = decltype(live_keys)::value;  // a row's values of the thread that any row may see
       if constexpr (kCut) {  // −inf where the row does not see the key (causal, keys past Sk, rows past Sq)
         const auto rc = coords();  // (rows, keys) → (row, key)
         CUTE_UNROLL
@@ -66,16 +76,16 @@ struct SpPpSoftmax {
           const int64_t row = m0 + get<0>(rc(ri, 0));
           const int end = keys.cols_in(row, n0, Cfg::kBlockN);
           CUTE_UNROLL
-          for (int ci = 0; ci < kKeys; ++ci) s(ri, ci) = get<1>(rc(ri, ci)) < end ? s(ri, ci) : -INFINITY;
+          for (int ci = 0; ci < kLive; ++ci) s(ri, ci) = get<1>(rc(ri, ci)) < end ? s(ri, ci) : -INFINITY;
         }
       }
       // Both rows at each stage, so that their dependency chains (trees, shuffles) overlap.
       float ref[kRows];
       CUTE_UNROLL
       for (int ri = 0; ri < kRows; ++ri) {
-        float v[kKeys];
+        float v[kLive];
         CUTE_UNROLL
-        for (int ci = 0; ci < kKeys; ++ci) v[ci] = s(ri, ci);
+        for (int ci = 0; ci < kLive; ++ci) v[ci] = s(ri, ci);
         ref[ri] = tree_reduce(v, MaxOp{});
       }
       CUTE_UNROLL
@@ -90,7 +100,7 @@ struct SpPpSoftmax {
       }
       float l[kRows][kSums] = {}, u[kRows][kSums] = {};
       CUTE_UNROLL
-      for (int ci = 0; ci < kKeys; ++ci) {
+      for (int ci = 0; ci < kLive; ++ci) {
         CUTE_UNROLL
         for (int ri = 0; ri < kRows; ++ri) {
           const float p = exp2_fast(fmaf(s(ri, ci), k, -ref[ri]));
@@ -108,10 +118,12 @@ struct SpPpSoftmax {
         u_out[ri] = tree_reduce(u[ri], SumOp{});
       }
     };
-    if (is_cut) {
-      rows(std::true_type{});
+    if (block_cut == Cut::kFirstHalf) {
+      if constexpr (kSm90SpHalfDiagonal) rows(std::true_type{}, Int<kKeys / 2>{});
+    } else if (block_cut == Cut::kSome) {
+      rows(std::true_type{}, Int<kKeys>{});
     } else {
-      rows(std::false_type{});
+      rows(std::false_type{}, Int<kKeys>{});
     }
     quad_sum_rows<kQuad>(l_out, u_out);
   }
@@ -144,27 +156,34 @@ struct SpPpSoftmax {
   }
 
   // dS = p · (dP · f − fd) into tSrdS, from p (stats) and dP.
-  __device__ void ds(const FragS& tSrS, const FragS16& tSrdP, bool is_cut, const float (&f)[kRows],
+  __device__ void ds(const FragS& tSrS, const FragS16& tSrdP, Cut block_cut, const float (&f)[kRows],
                      const float (&fd)[kRows], FragS16& tSrdS) const {
     const Tensor s = make_tensor(tSrS.data(), RowCol{});    // (rows, keys)
     const Tensor dp = make_tensor(tSrdP.data(), RowCol{});  // (rows, keys)
     Tensor ds = make_tensor(tSrdS.data(), RowCol{});        // (rows, keys)
-    const auto elementwise = [&](auto cut_kind) {
+    const auto elementwise = [&](auto cut_kind, auto live_keys) {
       constexpr bool kCut = decltype(cut_kind)::value;
+      constexpr int kLive = decltype(live_keys)::value;
       CUTE_UNROLL
       for (int ri = 0; ri < kRows; ++ri) {
         CUTE_UNROLL
         for (int ci = 0; ci < kKeys; ++ci) {
+          if (ci >= kLive) {
+            ds(ri, ci) = Element(0.0f);
+            continue;
+          }
           const float p = s(ri, ci);
           const float d = p * fmaf(float(dp(ri, ci)), f[ri], -fd[ri]);
           ds(ri, ci) = Element(kCut && p == 0.0f ? 0.0f : d);
         }
       }
     };
-    if (is_cut) {
-      elementwise(std::true_type{});
+    if (block_cut == Cut::kFirstHalf) {
+      if constexpr (kSm90SpHalfDiagonal) elementwise(std::true_type{}, Int<kKeys / 2>{});
+    } else if (block_cut == Cut::kSome) {
+      elementwise(std::true_type{}, Int<kKeys>{});
     } else {
-      elementwise(std::false_type{});
+      elementwise(std::false_type{}, Int<kKeys>{});
     }
   }
 };

@@ -43,13 +43,13 @@ constexpr bool kSm90SpNoExchange = true;
 constexpr bool kSm90SpNoExchange = false;
 #endif
 
-// QKSOFTMAX_SM90_SP_HALF_DIAGONAL, an A/B build's knob: a block whose rows see none of the CTA's second 64 keys
-// (a key block's first row block under a causal mask) runs its element-wise work over the first 64 alone
-// (SpPpSoftmax::cut).
+// QKSOFTMAX_SM90_SP_HALF_DIAGONAL, an A/B build's knob (SpPpSoftmax::cut): =1, a block whose rows see none of the
+// CTA's second 64 keys (a key block's first row block under a causal mask) runs its element-wise work over the first
+// 64 alone; =2, besides, a block whose rows all see the first 64 compares only the second 64.
 #ifdef QKSOFTMAX_SM90_SP_HALF_DIAGONAL
-constexpr bool kSm90SpHalfDiagonal = true;
+constexpr int kSm90SpHalfDiagonal = QKSOFTMAX_SM90_SP_HALF_DIAGONAL;
 #else
-constexpr bool kSm90SpHalfDiagonal = false;
+constexpr int kSm90SpHalfDiagonal = 0;
 #endif
 
 // A consumer thread's release of a ring slot (`ring`: a PipelineTmaAsync's shared storage): one arrival on this

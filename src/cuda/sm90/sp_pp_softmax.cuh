@@ -39,17 +39,35 @@ struct SpPpSoftmax {
     return make_tensor(tScS.data(), rowcol(tScS.layout()));                                       // (rows, keys)
   }
 
-  // The block of rows [m0, m0 + 64) against the CTA's keys (from n0): every row sees every key (compiled without the
-  // compares); some row does not see some key (the element-wise code masks); or, with kSm90SpHalfDiagonal, no row
-  // sees the second 64 keys (a key block's first row block under a causal mask): the work runs over the first 64
-  // alone (ci < kKeys / 2 in RowCol: columns 8c + 2·(lane mod 4) + v of chunks c < 8), p and dS 0 past them.
-  enum class Cut { kNone, kSome, kFirstHalf };
+  // The block of rows [m0, m0 + 64) against the CTA's keys (from n0): every row sees every key (compiled without
+  // the compares); some row does not see some key (the element-wise code masks). With kSm90SpHalfDiagonal, where a
+  // causal diagonal crosses the block, by halves of the keys (a thread's values ci < kKeys / 2 of a row in RowCol
+  // are the first 64 keys: columns 8c + 2·(lane mod 4) + v of chunks c < 8): no row sees the second 64 (a key
+  // block's first row block), so the work runs over the first 64 alone, p and dS 0 past them (≥ 1); every row sees
+  // the first 64 (its second row block), so only the second 64 are compared (2).
+  enum class Cut { kNone, kSome, kFirstHalf, kSecondHalf };
   __device__ Cut cut(int64_t m0, int64_t n0) const {
     if (!keys.cuts(m0, Cfg::kBlockM, n0, Cfg::kBlockN)) return Cut::kNone;
-    if constexpr (kSm90SpHalfDiagonal) {
+    if constexpr (kSm90SpHalfDiagonal >= 1) {
       if (keys.sees_none(m0, Cfg::kBlockM, n0 + Cfg::kBlockN / 2)) return Cut::kFirstHalf;
     }
+    if constexpr (kSm90SpHalfDiagonal >= 2) {
+      if (!keys.cuts(m0, Cfg::kBlockM, n0, Cfg::kBlockN / 2)) return Cut::kSecondHalf;
+    }
     return Cut::kSome;
+  }
+  // f(cut_from, live) for the block's kind: values ci ≥ cut_from of a row are compared with the row's end, values
+  // ci ≥ live are not computed (Int constants).
+  template <class F>
+  __device__ static void with_cut(Cut block_cut, F&& f) {
+    if constexpr (kSm90SpHalfDiagonal >= 1) {
+      if (block_cut == Cut::kFirstHalf) return f(Int<0>{}, Int<kKeys / 2>{});
+    }
+    if constexpr (kSm90SpHalfDiagonal >= 2) {
+      if (block_cut == Cut::kSecondHalf) return f(Int<kKeys / 2>{}, Int<kKeys>{});
+    }
+    if (block_cut == Cut::kSome) return f(Int<0>{}, Int<kKeys>{});
+    f(Int<kKeys>{}, Int<kKeys>{});
   }
 
   // The sums of the block's rows over the CTA's keys: S (overwritten) into p, masked, and each row's m (0 where the
@@ -66,17 +84,17 @@ struct SpPpSoftmax {
       for (int i = 0; i < size(tSrS); ++i) tSrS(i) *= scale_log2;
     }
     const float k = prescale ? 1.0f : scale_log2;
-    const auto rows = [&](auto cut_kind, auto live_keys) {
-      constexpr bool kCut = decltype(cut_kind)::value;
-      constexpr int kLive = decltype(live_keys)::value;  // a row's values of the thread that any row may see
-      if constexpr (kCut) {  // −inf where the row does not see the key (causal, keys past Sk, rows past Sq)
+    with_cut(block_cut, [&](auto cut_from, auto live_keys) {
+      constexpr int kCutFrom = decltype(cut_from)::value;  // a row's values from which the keys are compared
+      constexpr int kLive = decltype(live_keys)::value;    // a row's values of the thread that any row may see
+      if constexpr (kCutFrom < kLive) {  // −inf where the row does not see the key (causal, keys past Sk, rows past Sq)
         const auto rc = coords();  // (rows, keys) → (row, key)
         CUTE_UNROLL
         for (int ri = 0; ri < kRows; ++ri) {
           const int64_t row = m0 + get<0>(rc(ri, 0));
           const int end = keys.cols_in(row, n0, Cfg::kBlockN);
           CUTE_UNROLL
-          for (int ci = 0; ci < kLive; ++ci) s(ri, ci) = get<1>(rc(ri, ci)) < end ? s(ri, ci) : -INFINITY;
+          for (int ci = kCutFrom; ci < kLive; ++ci) s(ri, ci) = get<1>(rc(ri, ci)) < end ? s(ri, ci) : -INFINITY;
         }
       }
       // Both rows at each stage, so that their dependency chains (trees, shuffles) overlap.
@@ -107,7 +125,7 @@ struct SpPpSoftmax {
           s(ri, ci) = p;
           l[ri][ci % kSums] += p;
           // A masked key (p = 0) adds nothing whatever dP holds there (NaN included).
-          const float d = kCut && p == 0.0f ? 0.0f : float(dp(ri, ci));
+          const float d = ci >= kCutFrom && p == 0.0f ? 0.0f : float(dp(ri, ci));
           u[ri][ci % kSums] = fmaf(p, d, u[ri][ci % kSums]);
         }
       }
@@ -117,14 +135,7 @@ struct SpPpSoftmax {
         l_out[ri] = tree_reduce(l[ri], SumOp{});
         u_out[ri] = tree_reduce(u[ri], SumOp{});
       }
-    };
-    if (block_cut == Cut::kFirstHalf) {
-      if constexpr (kSm90SpHalfDiagonal) rows(std::true_type{}, Int<kKeys / 2>{});
-    } else if (block_cut == Cut::kSome) {
-      rows(std::true_type{}, Int<kKeys>{});
-    } else {
-      rows(std::false_type{}, Int<kKeys>{});
-    }
+    });
     quad_sum_rows<kQuad>(l_out, u_out);
   }
 
@@ -161,8 +172,8 @@ struct SpPpSoftmax {
     const Tensor s = make_tensor(tSrS.data(), RowCol{});    // (rows, keys)
     const Tensor dp = make_tensor(tSrdP.data(), RowCol{});  // (rows, keys)
     Tensor ds = make_tensor(tSrdS.data(), RowCol{});        // (rows, keys)
-    const auto elementwise = [&](auto cut_kind, auto live_keys) {
-      constexpr bool kCut = decltype(cut_kind)::value;
+    with_cut(block_cut, [&](auto cut_from, auto live_keys) {
+      constexpr int kCutFrom = decltype(cut_from)::value;
       constexpr int kLive = decltype(live_keys)::value;
       CUTE_UNROLL
       for (int ri = 0; ri < kRows; ++ri) {
@@ -174,17 +185,10 @@ struct SpPpSoftmax {
           }
           const float p = s(ri, ci);
           const float d = p * fmaf(float(dp(ri, ci)), f[ri], -fd[ri]);
-          ds(ri, ci) = Element(kCut && p == 0.0f ? 0.0f : d);
+          ds(ri, ci) = Element(ci >= kCutFrom && p == 0.0f ? 0.0f : d);
         }
       }
-    };
-    if (block_cut == Cut::kFirstHalf) {
-      if constexpr (kSm90SpHalfDiagonal) elementwise(std::true_type{}, Int<kKeys / 2>{});
-    } else if (block_cut == Cut::kSome) {
-      elementwise(std::true_type{}, Int<kKeys>{});
-    } else {
-      elementwise(std::false_type{}, Int<kKeys>{});
-    }
+    });
   }
 };
 

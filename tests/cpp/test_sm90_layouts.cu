@@ -597,8 +597,10 @@ TEST(Sm90Layouts, MatrixAddresses) {
 
 // The pingpong single pass's element-wise view of S (SpPpSoftmax's RowCol: a thread's (rows, keys) of the (64, 128)
 // block): its first kKeys / 2 values of a row must be the block's first 64 keys, for every thread, so that a block
-// whose rows see none of the second 64 (kSm90SpHalfDiagonal) can skip the rest.
-TEST(Sm90Layouts, SoftmaxFirstHalfKeys) {
+// whose rows see none of the second 64 (kSm90SpHalfDiagonal) can skip the rest; and a row's values (ci, ci + 1), ci
+// even, must be adjacent in the fragment from an even index, one 32-bit pair of a 16-bit fragment
+// (kSm90SpPackedDs).
+TEST(Sm90Layouts, SoftmaxValueOrder) {
   using Cfg = SpPpConfig<cutlass::bfloat16_t, 128, true, 1>;
   using Shape2 = Shape<typename Cfg::BM, typename Cfg::BN>;
   typename Cfg::MmaS mma;
@@ -614,6 +616,12 @@ TEST(Sm90Layouts, SoftmaxFirstHalfKeys) {
   }
   EXPECT_EQ(values, kWarpgroup * 64);
   EXPECT_EQ(wrong, 0) << "values whose half of the keys is not their half of the thread's row";
+  const auto rc = rowcol(partition_fragment_C(mma, Shape2{}).layout());  // (rows, keys) → fragment index
+  int unpaired = 0;
+  for (int ri = 0; ri < size<0>(rc); ++ri) {
+    for (int ci = 0; ci < size<1>(rc); ci += 2) unpaired += rc(ri, ci) % 2 != 0 || rc(ri, ci + 1) != rc(ri, ci) + 1;
+  }
+  EXPECT_EQ(unpaired, 0) << "a row's value pairs that are not one 32-bit pair of a 16-bit fragment";
 }
 
 // (5) K_w as Sᵀ's register A operand: CopyKA (ldmatrix) from consumer w's (HF, D) part of K, as TMA wrote it,

@@ -52,6 +52,14 @@ constexpr int kSm90SpHalfDiagonal = QKSOFTMAX_SM90_SP_HALF_DIAGONAL;
 constexpr int kSm90SpHalfDiagonal = 0;
 #endif
 
+// QKSOFTMAX_SM90_SP_PACKED_DS, an A/B build's knob: dS of blocks without masked keys in 16-bit pair arithmetic, and
+// dP widened again for the other blocks' dS (SpPpSoftmax::packed, widened).
+#ifdef QKSOFTMAX_SM90_SP_PACKED_DS
+constexpr bool kSm90SpPackedDs = true;
+#else
+constexpr bool kSm90SpPackedDs = false;
+#endif
+
 // A consumer thread's release of a ring slot (`ring`: a PipelineTmaAsync's shared storage): one arrival on this
 // CTA's own empty barrier. CUTLASS's consumer_release, for a pipeline built for a cluster of one, arrives on the
 // cluster's CTA 0, which in a cluster launch is another CTA's barrier.

@@ -87,7 +87,8 @@ struct SpPpSoftmax {
     with_cut(block_cut, [&](auto cut_from, auto live_keys) {
       constexpr int kCutFrom = decltype(cut_from)::value;  // a row's values from which the keys are compared
       constexpr int kLive = decltype(live_keys)::value;    // a row's values of the thread that any row may see
-      if constexpr (kCutFrom < kLive) {  // −inf where the row does not see the key (causal, keys past Sk, rows past Sq)
+      // −inf where the row does not see the key (causal, keys past Sk, rows past Sq)
+      if constexpr (kCutFrom < kLive) {
         const auto rc = coords();  // (rows, keys) → (row, key)
         CUTE_UNROLL
         for (int ri = 0; ri < kRows; ++ri) {
@@ -172,7 +173,7 @@ struct SpPpSoftmax {
     const Tensor s = make_tensor(tSrS.data(), RowCol{});    // (rows, keys)
     const Tensor dp = make_tensor(tSrdP.data(), RowCol{});  // (rows, keys)
     Tensor ds = make_tensor(tSrdS.data(), RowCol{});        // (rows, keys)
-    with_cut(block_cut, [&](auto cut_from, auto live_keys) {
+    const auto elementwise = [&](auto cut_from, auto live_keys) {
       constexpr int kCutFrom = decltype(cut_from)::value;
       constexpr int kLive = decltype(live_keys)::value;
       CUTE_UNROLL
@@ -184,11 +185,65 @@ struct SpPpSoftmax {
             continue;
           }
           const float p = s(ri, ci);
-          const float d = p * fmaf(float(dp(ri, ci)), f[ri], -fd[ri]);
+          const float d = p * fmaf(kSm90SpPackedDs ? widened(dp, ri, ci) : float(dp(ri, ci)), f[ri], -fd[ri]);
           ds(ri, ci) = Element(ci >= kCutFrom && p == 0.0f ? 0.0f : d);
         }
       }
+    };
+    with_cut(block_cut, [&](auto cut_from, auto live_keys) {
+      if constexpr (kSm90SpPackedDs && decltype(cut_from)::value == kKeys) {
+        packed(s, dp, f, fd, ds);
+      } else {
+        elementwise(cut_from, live_keys);
+      }
     });
+  }
+
+  // QKSOFTMAX_SM90_SP_PACKED_DS: dP(ri, ci) widened to fp32 in a form of its own (inline PTX on its 32-bit pair), so
+  // that the compiler converts it again here instead of keeping the statistics' 64 fp32 values of dP live through the
+  // exchange (32 registers of the consumers' peak).
+  template <class DP>
+  __device__ static float widened(const DP& dp, int ri, int ci) {
+    const uint32_t bits = reinterpret_cast<const uint32_t*>(&dp(ri, ci - ci % 2))[0];
+    float y;
+    if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
+      if (ci % 2 == 0) {
+        asm volatile("prmt.b32 %0, %1, 0, 0x1044;" : "=f"(y) : "r"(bits));
+      } else {
+        asm volatile("and.b32 %0, %1, 0xffff0000;" : "=f"(y) : "r"(bits));
+      }
+    } else if (ci % 2 == 0) {
+      asm volatile("{ .reg .f16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, lo; }" : "=f"(y) : "r"(bits));
+    } else {
+      asm volatile("{ .reg .f16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, hi; }" : "=f"(y) : "r"(bits));
+    }
+    return y;
+  }
+
+  // QKSOFTMAX_SM90_SP_PACKED_DS, a block without masked keys: dS in 16-bit pairs, the bracket dP · f − fd by one
+  // fma.rn of the pair (f and fd rounded to 16 bits), p rounded to 16 bits beside it, their product by one mul.rn:
+  // 3 instructions a pair instead of 5 (the dS error grows from dS's own rounding by the bracket's and p's roundings,
+  // each ~2^-9 of their values in bf16). A row's values (ci, ci + 1), ci even, are one 32-bit pair of the 16-bit
+  // fragments (Sm90Layouts.SoftmaxValueOrder).
+  template <class S, class DP, class DS>
+  __device__ static void packed(const S& s, const DP& dp, const float (&f)[kRows], const float (&fd)[kRows], DS& ds) {
+    CUTE_UNROLL
+    for (int ri = 0; ri < kRows; ++ri) {
+      const Pair f2 = pair(f[ri], f[ri]), nfd2 = pair(-fd[ri], -fd[ri]);
+      CUTE_UNROLL
+      for (int ci = 0; ci < kKeys; ci += 2) {
+        const Pair dp2 = reinterpret_cast<const Pair*>(&dp(ri, ci))[0];
+        reinterpret_cast<Pair*>(&ds(ri, ci))[0] = __hmul2(pair(s(ri, ci), s(ri, ci + 1)), __hfma2(dp2, f2, nfd2));
+      }
+    }
+  }
+  using Pair = std::conditional_t<std::is_same_v<Element, cutlass::bfloat16_t>, __nv_bfloat162, __half2>;
+  __device__ static Pair pair(float lo, float hi) {
+    if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
+      return __floats2bfloat162_rn(lo, hi);
+    } else {
+      return __floats2half2_rn(lo, hi);
+    }
   }
 };
 

@@ -37,6 +37,7 @@ from ncu_stalls import parts
 SAMPLES = "Warp Stall Sampling (All Samples)"
 EXECUTED = "Instructions Executed"
 OURS = re.compile(r"(^|/)(src|tests|bench)/")  # the project's sources (CUTLASS's and CUDA's frames are skipped)
+DEPS = "/.deps/"  # the registries' headers under the checkout (CUTLASS), not the project's
 
 
 def kernel_blocks(path):
@@ -87,7 +88,8 @@ def by_chain(rows, col, base, chains, args):
     executed, samples = collections.Counter(), collections.Counter()
     scale = args.blocks * args.warps
     for r in rows:
-        frames = [f"{Path(f).name}:{n}" for f, n in reversed(chains.get(int(r[0], 16) - base, [])) if OURS.search(f)]
+        frames = [f"{Path(f).name}:{n}" for f, n in reversed(chains.get(int(r[0], 16) - base, []))
+                  if OURS.search(f) and DEPS not in f]
         if args.under:
             if args.under not in frames:
                 continue
@@ -124,8 +126,10 @@ def main():
     mismatches = sum(1 for r in rows if opcodes.get(int(r[0], 16) - base, "?").split(".")[0] not in r[1])
     print(f"{name[:120]}\n{len(rows)} instructions profiled, {len(opcodes)} in the cubin, "
           f"{mismatches} opcode mismatches (0: same build)")
-    if args.role:
+    if args.role is not None:
         roles = [p for p in parts(rows) if p[0].startswith("role ")]
+        if not 1 <= args.role <= len(roles):
+            sys.exit(f"--role {args.role}: the kernel has {len(roles)} roles that take registers")
         _, first, end = roles[args.role - 1]
         rows = rows[first:end]
         print(f"role {args.role}: {len(rows)} instructions")

@@ -28,7 +28,8 @@ for i in "${!variants[@]}"; do
   name=${variants[$i]%%=*} flags=${variants[$i]#*=} src=.
   if [[ $name == *@* ]]; then
     src=${name#*@} name=${name%%@*}
-    [ -d "$src/.deps" ] || cp -r .deps "$src/.deps"
+    [ -d "$src" ] || { echo "variant $name: no source tree $src (carry it)"; exit 1; }
+    [ -e "$src/.deps" ] || ln -s "$PWD/.deps" "$src/.deps"
   fi
   variants[i]="$name=$flags"
   stage "configure-$name" 60 cmake -S "$src" -B "build/ab-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release \

@@ -43,19 +43,23 @@ constexpr bool kSm90SpNoExchange = true;
 constexpr bool kSm90SpNoExchange = false;
 #endif
 
-// QKSOFTMAX_SM90_SP_HALF_DIAGONAL, an A/B build's knob (SpPpSoftmax::cut): =1, a block whose rows see none of the
-// CTA's second 64 keys (a key block's first row block under a causal mask) runs its element-wise work over the first
-// 64 alone; =2, besides, a block whose rows all see the first 64 compares only the second 64.
+// QKSOFTMAX_SM90_SP_HALF_DIAGONAL, an A/B build's knob (SpPpSoftmax::cut), the element-wise work of cut blocks by
+// halves of the CTA's keys: kHalfDiagonalFirst (1), a block whose rows see none of the second 64 keys (a key block's
+// first row block under a causal mask, or the keys past Sk) runs over the first 64 alone; kHalfDiagonalBoth (2),
+// besides, a block whose rows all see the first 64 compares only the second 64.
+constexpr int kHalfDiagonalFirst = 1, kHalfDiagonalBoth = 2;
 #ifdef QKSOFTMAX_SM90_SP_HALF_DIAGONAL
 constexpr int kSm90SpHalfDiagonal = QKSOFTMAX_SM90_SP_HALF_DIAGONAL;
 #else
 constexpr int kSm90SpHalfDiagonal = 0;
 #endif
+static_assert(kSm90SpHalfDiagonal >= 0 && kSm90SpHalfDiagonal <= kHalfDiagonalBoth,
+              "QKSOFTMAX_SM90_SP_HALF_DIAGONAL: 0, 1 or 2");
 
 // QKSOFTMAX_SM90_SP_PACKED_DS, an A/B build's knob: dS of blocks without masked keys in 16-bit pair arithmetic, and
-// dP widened again for the other blocks' dS (SpPpSoftmax::packed, widened).
+// dP widened again for the other blocks' dS (SpPpSoftmax::packed, widened). -D…=0 leaves it off.
 #ifdef QKSOFTMAX_SM90_SP_PACKED_DS
-constexpr bool kSm90SpPackedDs = true;
+constexpr bool kSm90SpPackedDs = QKSOFTMAX_SM90_SP_PACKED_DS;
 #else
 constexpr bool kSm90SpPackedDs = false;
 #endif
@@ -215,6 +219,8 @@ struct SpPpConfig {
     return (at ^ uint32_t(kChunksPerAccess * (a % kAccessesPerAtom)) * kChunkBytes) +
            uint32_t(a / kAccessesPerAtom) * kTileRows * kSwizzleRowBytes + uint32_t(m) * kBlockM * kSwizzleRowBytes;
   }
+  static_assert(kPBytes % 1024 == 0 && kKBytes % 1024 == 0,
+                "matrix_address: every slot, buffer and staging tile 1024-byte aligned (the XORed bits carry-free)");
   static_assert(sizeof(Element) == 2 && kHeadDim == 2 * kSwizzleRowBytes / sizeof(Element) &&
                     kBlockN == 2 * kSwizzleRowBytes / sizeof(Element),
                 "matrix_address: 16-bit rows of two swizzle atoms (dP, dS, dQ and dK alike)");
@@ -345,7 +351,9 @@ __device__ inline cutlass::PipelineState<kStages> block_state(int g) {
 // the copy's retile_D (loads) or retile_S (stores).
 template <class Cfg, int kTileRows, class Frag, class Access>
 __device__ void for_each_tile_access(uint32_t at, Frag&& frag, Access&& access) {
-  static_assert(size<0>(std::decay_t<Frag>{}.layout()) == kMatrixValues * Cfg::kMatrixAccesses, "x4 accesses");
+  using Layout = decltype(std::decay_t<Frag>{}.layout());
+  static_assert(size<0>(Layout{}) == kMatrixValues * Cfg::kMatrixAccesses, "x4 accesses");
+  static_assert(size<1>(Layout{}) * Cfg::kBlockM == kTileRows && size<2>(Layout{}) == 1, "row halves of one tile");
   CUTE_UNROLL
   for (int m = 0; m < size<1>(frag); ++m) {
     CUTE_UNROLL

@@ -25,8 +25,8 @@ struct SpDqStore {
   Element* base;  // the staging tiles' start in shared memory
 
   // A warpgroup's thread: its part of the complete dQ of a block, finished (KbFinish), rounded into staging tile
-  // `tile` by stmatrix (`at`: its first access in tile 0, Cfg::matrix_address) and fenced for the TMA store that
-  // reads it after the warpgroup's release of the tile.
+  // `tile` by stmatrix (`at`: its first access in tile 0, smem_addr(base) + Cfg::matrix_first(tid)) and fenced for
+  // the TMA store that reads it after the warpgroup's release of the tile.
   __device__ void stage(const FragdQ& tdQrdQ, uint32_t at, int tile, int tid) const {
     const Problem& prob = params.prob;
     typename Cfg::CopydQ r2s;

@@ -40,34 +40,35 @@ struct SpPpSoftmax {
   }
 
   // The block of rows [m0, m0 + 64) against the CTA's keys (from n0): every row sees every key (compiled without
-  // the compares); some row does not see some key (the element-wise code masks). With kSm90SpHalfDiagonal, where a
-  // causal diagonal crosses the block, by halves of the keys (a thread's values ci < kKeys / 2 of a row in RowCol
-  // are the first 64 keys: columns 8c + 2·(lane mod 4) + v of chunks c < 8): no row sees the second 64 (a key
-  // block's first row block), so the work runs over the first 64 alone, p and dS 0 past them (≥ 1); every row sees
-  // the first 64 (its second row block), so only the second 64 are compared (2).
+  // the compares); some row does not see some key (the element-wise code masks). With kSm90SpHalfDiagonal, cut
+  // blocks by halves of the keys (a thread's values ci < kKeys / 2 of a row in RowCol are the first 64 keys:
+  // columns 8c + 2·(lane mod 4) + v of chunks c < 8): no row sees the second 64 (a causal key block's first row
+  // block, keys past Sk), so the work runs over the first 64 alone, p and dS 0 past them (kHalfDiagonalFirst); every
+  // row sees the first 64 (a causal key block's second row block), so only the second 64 are compared
+  // (kHalfDiagonalBoth).
   enum class Cut { kNone, kSome, kFirstHalf, kSecondHalf };
   __device__ Cut cut(int64_t m0, int64_t n0) const {
     if (!keys.cuts(m0, Cfg::kBlockM, n0, Cfg::kBlockN)) return Cut::kNone;
-    if constexpr (kSm90SpHalfDiagonal >= 1) {
+    if constexpr (kSm90SpHalfDiagonal >= kHalfDiagonalFirst) {
       if (keys.sees_none(m0, Cfg::kBlockM, n0 + Cfg::kBlockN / 2)) return Cut::kFirstHalf;
     }
-    if constexpr (kSm90SpHalfDiagonal >= 2) {
+    if constexpr (kSm90SpHalfDiagonal >= kHalfDiagonalBoth) {
       if (!keys.cuts(m0, Cfg::kBlockM, n0, Cfg::kBlockN / 2)) return Cut::kSecondHalf;
     }
     return Cut::kSome;
   }
   // f(cut_from, live) for the block's kind: values ci ≥ cut_from of a row are compared with the row's end, values
-  // ci ≥ live are not computed (Int constants).
+  // ci ≥ live are not computed (Int constants). A kind this build does not take is masked whole.
   template <class F>
   __device__ static void with_cut(Cut block_cut, F&& f) {
-    if constexpr (kSm90SpHalfDiagonal >= 1) {
+    if (block_cut == Cut::kNone) return f(Int<kKeys>{}, Int<kKeys>{});
+    if constexpr (kSm90SpHalfDiagonal >= kHalfDiagonalFirst) {
       if (block_cut == Cut::kFirstHalf) return f(Int<0>{}, Int<kKeys / 2>{});
     }
-    if constexpr (kSm90SpHalfDiagonal >= 2) {
+    if constexpr (kSm90SpHalfDiagonal >= kHalfDiagonalBoth) {
       if (block_cut == Cut::kSecondHalf) return f(Int<kKeys / 2>{}, Int<kKeys>{});
     }
-    if (block_cut == Cut::kSome) return f(Int<0>{}, Int<kKeys>{});
-    f(Int<kKeys>{}, Int<kKeys>{});
+    f(Int<0>{}, Int<kKeys>{});
   }
 
   // The sums of the block's rows over the CTA's keys: S (overwritten) into p, masked, and each row's m (0 where the
@@ -185,7 +186,13 @@ struct SpPpSoftmax {
             continue;
           }
           const float p = s(ri, ci);
-          const float d = p * fmaf(kSm90SpPackedDs ? widened(dp, ri, ci) : float(dp(ri, ci)), f[ri], -fd[ri]);
+          float x;  // dP
+          if constexpr (kSm90SpPackedDs) {
+            x = widened(dp, ri, ci);
+          } else {
+            x = float(dp(ri, ci));
+          }
+          const float d = p * fmaf(x, f[ri], -fd[ri]);
           ds(ri, ci) = Element(ci >= kCutFrom && p == 0.0f ? 0.0f : d);
         }
       }
@@ -222,9 +229,11 @@ struct SpPpSoftmax {
 
   // QKSOFTMAX_SM90_SP_PACKED_DS, a block without masked keys: dS in 16-bit pairs, the bracket dP · f − fd by one
   // fma.rn of the pair (f and fd rounded to 16 bits), p rounded to 16 bits beside it, their product by one mul.rn:
-  // 3 instructions a pair instead of 5 (the dS error grows from dS's own rounding by the bracket's and p's roundings,
-  // each ~2^-9 of their values in bf16). A row's values (ci, ci + 1), ci even, are one 32-bit pair of the 16-bit
-  // fragments (Sm90Layouts.SoftmaxValueOrder).
+  // 3 instructions a pair instead of 5. The bracket's error is then ~2^-9 (bf16) of |dP · f| + |fd|, not of the
+  // bracket: where dP ≈ D, dS can be off by its own size (rare values; the Frobenius error of dQ and dK is what the
+  // A/B measures), and in fp16 a tiny f (2^(m − LSE) / l) loses bits as a subnormal. A row's values (ci, ci + 1), ci
+  // even, are one 32-bit pair of the 16-bit fragments (Sm90Layouts.SoftmaxValueOrder).
+  using Pair = std::conditional_t<std::is_same_v<Element, cutlass::bfloat16_t>, __nv_bfloat162, __half2>;
   template <class S, class DP, class DS>
   __device__ static void packed(const S& s, const DP& dp, const float (&f)[kRows], const float (&fd)[kRows], DS& ds) {
     CUTE_UNROLL
@@ -237,7 +246,6 @@ struct SpPpSoftmax {
       }
     }
   }
-  using Pair = std::conditional_t<std::is_same_v<Element, cutlass::bfloat16_t>, __nv_bfloat162, __half2>;
   __device__ static Pair pair(float lo, float hi) {
     if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
       return __floats2bfloat162_rn(lo, hi);

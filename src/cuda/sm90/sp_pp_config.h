@@ -56,13 +56,16 @@ constexpr int kSm90SpHalfDiagonal = 0;
 static_assert(kSm90SpHalfDiagonal >= 0 && kSm90SpHalfDiagonal <= kHalfDiagonalBoth,
               "QKSOFTMAX_SM90_SP_HALF_DIAGONAL: 0, 1 or 2");
 
-// QKSOFTMAX_SM90_SP_PACKED_DS, an A/B build's knob: dS of blocks without masked keys in 16-bit pair arithmetic, and
-// dP widened again for the other blocks' dS (SpPpSoftmax::packed, widened). -D…=0 leaves it off.
-#ifdef QKSOFTMAX_SM90_SP_PACKED_DS
-constexpr bool kSm90SpPackedDs = QKSOFTMAX_SM90_SP_PACKED_DS;
+// QKSOFTMAX_SM90_SP_DS_FORM, an A/B build's knob (SpPpSoftmax::ds): kDsWidenAgain (1), dS widens dP to fp32 again
+// (the compiler otherwise keeps the statistics' 64 fp32 values of dP live through the exchange); kDsPacked (2),
+// besides, dS of blocks without masked keys in 16-bit pair arithmetic.
+constexpr int kDsWidenAgain = 1, kDsPacked = 2;
+#ifdef QKSOFTMAX_SM90_SP_DS_FORM
+constexpr int kSm90SpDsForm = QKSOFTMAX_SM90_SP_DS_FORM;
 #else
-constexpr bool kSm90SpPackedDs = false;
+constexpr int kSm90SpDsForm = 0;
 #endif
+static_assert(kSm90SpDsForm >= 0 && kSm90SpDsForm <= kDsPacked, "QKSOFTMAX_SM90_SP_DS_FORM: 0, 1 or 2");
 
 // A consumer thread's release of a ring slot (`ring`: a PipelineTmaAsync's shared storage): one arrival on this
 // CTA's own empty barrier. CUTLASS's consumer_release, for a pipeline built for a cluster of one, arrives on the

@@ -187,7 +187,7 @@ struct SpPpSoftmax {
           }
           const float p = s(ri, ci);
           float x;  // dP
-          if constexpr (kSm90SpPackedDs) {
+          if constexpr (kSm90SpDsForm >= kDsWidenAgain) {
             x = widened(dp, ri, ci);
           } else {
             x = float(dp(ri, ci));
@@ -198,7 +198,7 @@ struct SpPpSoftmax {
       }
     };
     with_cut(block_cut, [&](auto cut_from, auto live_keys) {
-      if constexpr (kSm90SpPackedDs && decltype(cut_from)::value == kKeys) {
+      if constexpr (kSm90SpDsForm == kDsPacked && decltype(cut_from)::value == kKeys) {
         packed(s, dp, f, fd, ds);
       } else {
         elementwise(cut_from, live_keys);
@@ -206,7 +206,7 @@ struct SpPpSoftmax {
     });
   }
 
-  // QKSOFTMAX_SM90_SP_PACKED_DS: dP(ri, ci) widened to fp32 in a form of its own (inline PTX on its 32-bit pair), so
+  // kDsWidenAgain: dP(ri, ci) widened to fp32 in a form of its own (inline PTX on its 32-bit pair), so
   // that the compiler converts it again here instead of keeping the statistics' 64 fp32 values of dP live through the
   // exchange (32 registers of the consumers' peak).
   template <class DP>
@@ -227,7 +227,7 @@ struct SpPpSoftmax {
     return y;
   }
 
-  // QKSOFTMAX_SM90_SP_PACKED_DS, a block without masked keys: dS in 16-bit pairs, the bracket dP · f − fd by one
+  // kDsPacked, a block without masked keys: dS in 16-bit pairs, the bracket dP · f − fd by one
   // fma.rn of the pair (f and fd rounded to 16 bits), p rounded to 16 bits beside it, their product by one mul.rn:
   // 3 instructions a pair instead of 5. The bracket's error is then ~2^-9 (bf16) of |dP · f| + |fd|, not of the
   // bracket: where dP ≈ D, dS can be off by its own size (rare values; the Frobenius error of dQ and dK is what the

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <optional>
+#include <random>
 #include <utility>
 #include <vector>
 
@@ -123,9 +124,8 @@ INSTANTIATE_TEST_SUITE_P(Edges, GpuSpVariants, ::testing::ValuesIn(variant_cases
 // before 128).
 // Against the CPU backend; run twice, dK bit for bit (each CTA's own keys, a fixed order) and, in
 // clusters of two, dQ too (two partials added into zero: the same in either order).
-void check_cluster(const Case& c) {
+void check_cluster(const Case& c, const Inputs& in) {
   const int cluster = int((c.Sk + 127) / 128);
-  const Inputs in = make_inputs(c, test_seed());
   constexpr const char* kNames[] = {"first run", "second run"};
   const Stream stream;
   DeviceTensor q(in.q), k(in.k), dp(in.dp);
@@ -146,7 +146,41 @@ void check_cluster(const Case& c) {
 
 class GpuSpCluster : public GpuTest, public ::testing::WithParamInterface<Case> {};
 
-TEST_P(GpuSpCluster, AgainstCpuAndItself) { check_cluster(GetParam()); }
+TEST_P(GpuSpCluster, AgainstCpuAndItself) { check_cluster(GetParam(), make_inputs(GetParam(), test_seed())); }
+
+// The inputs of case c with every row of dP close to its D: dP = level + 2^-5 · N(0, 1), the level of each row
+// uniform in [2, 6), NaN in the masked positions as make_inputs plants them. dS = P ∘ (dP − D) is then a small
+// difference of large values, which the fp32 bracket of dS takes exactly and one computed in fewer bits would lose.
+Inputs inputs_with_dp_close_to_d(const Case& c, uint64_t seed) {
+  constexpr double kLow = 2.0, kHigh = 6.0, kSpread = 0x1p-5;
+  Inputs in = make_inputs(c, seed);
+  std::mt19937_64 rng(seed ^ 0x5eed);
+  std::uniform_real_distribution<double> level(kLow, kHigh);
+  std::normal_distribution<double> noise(0.0, 1.0);
+  double row_level = 0.0;
+  for (int64_t i = 0; i < in.dp.numel(); ++i) {
+    if (i % c.Sk == 0) row_level = level(rng);
+    in.dp.set(i, row_level + kSpread * noise(rng));
+  }
+  plant_nan_in_masked(in.dp, c.mask);
+  return in;
+}
+
+class GpuSpDpCloseToD : public GpuTest, public ::testing::WithParamInterface<Case> {};
+
+TEST_P(GpuSpDpCloseToD, AgainstCpuAndItself) {
+  check_cluster(GetParam(), inputs_with_dp_close_to_d(GetParam(), test_seed()));
+}
+
+// Clusters of 2, 4 and 8, causal and not, a bf16 and an fp16 case.
+INSTANTIATE_TEST_SUITE_P(Edges, GpuSpDpCloseToD,
+                         ::testing::Values(Case{.B = 2, .Hq = 4, .Hk = 2, .Sq = 256, .Sk = 256, .D = 128},
+                                           Case{.B = 1, .Hq = 2, .Hk = 2, .Sq = 512, .Sk = 512, .D = 128,
+                                                .mask = Mask::kNone},
+                                           Case{.B = 1, .Hq = 2, .Hk = 1, .Sq = 1024, .Sk = 1024, .D = 128},
+                                           Case{.B = 1, .Hq = 2, .Hk = 2, .Sq = 1024, .Sk = 1024, .D = 128,
+                                                .dtype = DType::kFloat16}),
+                         param_name);
 
 // Clusters of 2, 4 and 8: square causal and unmasked heads, grouped query heads, more heads than clusters fit at
 // once (each CTA several tiles, both K buffers and every statistics slot reused), rows that see none of the last

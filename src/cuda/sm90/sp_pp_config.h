@@ -48,11 +48,10 @@ constexpr bool kSm90SpNoExchange = false;
 // first row block under a causal mask, or the keys past Sk) runs over the first 64 alone; kHalfDiagonalBoth (2),
 // besides, a block whose rows all see the first 64 compares only the second 64.
 constexpr int kHalfDiagonalFirst = 1, kHalfDiagonalBoth = 2;
-#ifdef QKSOFTMAX_SM90_SP_HALF_DIAGONAL
-constexpr int kSm90SpHalfDiagonal = QKSOFTMAX_SM90_SP_HALF_DIAGONAL;
-#else
-constexpr int kSm90SpHalfDiagonal = 0;
+#ifndef QKSOFTMAX_SM90_SP_HALF_DIAGONAL
+#define QKSOFTMAX_SM90_SP_HALF_DIAGONAL 0
 #endif
+constexpr int kSm90SpHalfDiagonal = QKSOFTMAX_SM90_SP_HALF_DIAGONAL;
 static_assert(kSm90SpHalfDiagonal >= 0 && kSm90SpHalfDiagonal <= kHalfDiagonalBoth,
               "QKSOFTMAX_SM90_SP_HALF_DIAGONAL: 0, 1 or 2");
 
@@ -60,11 +59,10 @@ static_assert(kSm90SpHalfDiagonal >= 0 && kSm90SpHalfDiagonal <= kHalfDiagonalBo
 // (the compiler otherwise keeps the statistics' 64 fp32 values of dP live through the exchange); kDsPacked (2),
 // besides, dS of blocks without masked keys in 16-bit pair arithmetic.
 constexpr int kDsWidenAgain = 1, kDsPacked = 2;
-#ifdef QKSOFTMAX_SM90_SP_DS_FORM
-constexpr int kSm90SpDsForm = QKSOFTMAX_SM90_SP_DS_FORM;
-#else
-constexpr int kSm90SpDsForm = 0;
+#ifndef QKSOFTMAX_SM90_SP_DS_FORM
+#define QKSOFTMAX_SM90_SP_DS_FORM 0
 #endif
+constexpr int kSm90SpDsForm = QKSOFTMAX_SM90_SP_DS_FORM;
 static_assert(kSm90SpDsForm >= 0 && kSm90SpDsForm <= kDsPacked, "QKSOFTMAX_SM90_SP_DS_FORM: 0, 1 or 2");
 
 // A consumer thread's release of a ring slot (`ring`: a PipelineTmaAsync's shared storage): one arrival on this

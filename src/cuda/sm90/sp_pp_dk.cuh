@@ -82,23 +82,15 @@ struct SpPpDkWarpgroup {
   __device__ void stage(const Acc& tdKrdK, int buffer, int tid) const {
     const Problem& prob = params.prob;
     const Tensor acc = typename Cfg::CopydK{}.get_thread_slice(tid).retile_S(tdKrdK);  // (CPY, CPY_M, CPY_N) fp32
-    static_assert(size<2>(decltype(acc.layout()){}) == 1 &&
-                      size<0>(decltype(acc.layout()){}) == kMatrixValues * Cfg::kMatrixAccesses,
-                  "matrix_address's accesses");
     const uint32_t at = smem_addr(st.k.data()) + uint32_t(buffer) * Cfg::kKBytes + Cfg::matrix_first(tid);
     with_kb_finish<Cfg>(prob, [&](auto finish) {
       constexpr KbFinish kFinish = decltype(finish)::value;
-      CUTE_UNROLL
-      for (int m = 0; m < size<1>(acc); ++m) {
+      for_each_tile_access<Cfg, Cfg::kBlockN>(at, acc, [&](uint32_t addr, const auto& v) {  // v: (8) fp32
+        Tensor out = make_fragment_like<Element>(v);                                       // (8)
         CUTE_UNROLL
-        for (int a = 0; a < Cfg::kMatrixAccesses; ++a) {
-          const Tensor v = acc(make_coord(_, a), m, 0);  // (8) fp32
-          Tensor out = make_fragment_like<Element>(v);  // (8)
-          CUTE_UNROLL
-          for (int i = 0; i < size(out); ++i) out(i) = Element(kb_finish<kFinish>(v(i), prob.scale));
-          store_matrix(Cfg::template matrix_address<Cfg::kBlockN>(at, a, m), out);
-        }
-      }
+        for (int i = 0; i < size(out); ++i) out(i) = Element(kb_finish<kFinish>(v(i), prob.scale));
+        store_matrix(addr, out);
+      });
     });
     cutlass::arch::fence_view_async_shared();  // dK written by threads, read by TMA
   }

@@ -83,8 +83,8 @@ struct SpPpMainloop {
     // The 32-bit shared-memory address of this thread's first ldmatrix access of dP in slot 0 and of its first
     // stmatrix access of dS in buffer 0 (Cfg::matrix_address: the others one XOR or add away, a slot or buffer one
     // whole tile further).
-    const uint32_t dp_at = smem_addr(st.dp.data()) + Cfg::matrix_first(tid);
-    const uint32_t ds_at = smem_addr(st.ds.data()) + Cfg::matrix_first(tid);
+    const uint32_t first = Cfg::matrix_first(tid);
+    const uint32_t dp_at = smem_addr(st.dp.data()) + first, ds_at = smem_addr(st.ds.data()) + first;
     // dQ staged in its block's dP slot (SpDqStore), from where the dP load thread stores it.
     const SpDqStore<Cfg> dq_out{params, st.dp.data()};
 

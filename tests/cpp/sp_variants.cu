@@ -21,17 +21,30 @@ Status run_single_pass(const Problem& prob, SpForm form, CUstream_st* stream) {
   return {Code::kInternal, "unknown single-pass form"};
 }
 
-Status run_single_pass_cluster(const Problem& prob, int cluster, CUstream_st* stream) {
+// The library's instance of clusters of `cluster` CTAs for element type T (sm90_instances.h).
+template <class T>
+Status cluster_instance(const Problem& prob, int cluster, CUstream_st* stream) {
   using cuda::sm90::SpPpConfig;
-  switch (cluster) {  // the library's instances (sm90_instances.h)
+  switch (cluster) {
     case 2:
-      return cuda::run_sm90_single_pass<SpPpConfig<cutlass::bfloat16_t, 128, true, 2>>(prob, stream);
+      return cuda::run_sm90_single_pass<SpPpConfig<T, 128, true, 2>>(prob, stream);
     case 4:
-      return cuda::run_sm90_single_pass<SpPpConfig<cutlass::bfloat16_t, 128, true, 4>>(prob, stream);
+      return cuda::run_sm90_single_pass<SpPpConfig<T, 128, true, 4>>(prob, stream);
     case 8:
-      return cuda::run_sm90_single_pass<SpPpConfig<cutlass::bfloat16_t, 128, true, 8>>(prob, stream);
+      return cuda::run_sm90_single_pass<SpPpConfig<T, 128, true, 8>>(prob, stream);
   }
   return {Code::kInternal, "no single pass in clusters of " + std::to_string(cluster)};
+}
+
+Status run_single_pass_cluster(const Problem& prob, int cluster, CUstream_st* stream) {
+  switch (prob.dtype) {
+    case DType::kBFloat16:
+      return cluster_instance<cutlass::bfloat16_t>(prob, cluster, stream);
+    case DType::kFloat16:
+      return cluster_instance<cutlass::half_t>(prob, cluster, stream);
+    default:
+      return {Code::kInternal, "no single pass in clusters for this dtype"};
+  }
 }
 
 }  // namespace qksoftmax::test

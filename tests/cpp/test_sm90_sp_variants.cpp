@@ -172,13 +172,19 @@ TEST_P(GpuSpDpCloseToD, AgainstCpuAndItself) {
   check_cluster(GetParam(), inputs_with_dp_close_to_d(GetParam(), test_seed()));
 }
 
-// Clusters of 2, 4 and 8, causal and not, a bf16 and an fp16 case.
+// Clusters of 2, 4 and 8, causal and not, bf16 and fp16 (fp16's dS without the scale: KbFinish), grouped query heads
+// and causal heads in mirrored pairs.
 INSTANTIATE_TEST_SUITE_P(Edges, GpuSpDpCloseToD,
                          ::testing::Values(Case{.B = 2, .Hq = 4, .Hk = 2, .Sq = 256, .Sk = 256, .D = 128},
                                            Case{.B = 1, .Hq = 2, .Hk = 2, .Sq = 512, .Sk = 512, .D = 128,
                                                 .mask = Mask::kNone},
                                            Case{.B = 1, .Hq = 2, .Hk = 1, .Sq = 1024, .Sk = 1024, .D = 128},
                                            Case{.B = 1, .Hq = 2, .Hk = 2, .Sq = 1024, .Sk = 1024, .D = 128,
+                                                .dtype = DType::kFloat16},
+                                           Case{.B = 1, .Hq = 2, .Hk = 1, .Sq = 1024, .Sk = 1024, .D = 128,
+                                                .dtype = DType::kFloat16},
+                                           Case{.B = 1, .Hq = 2, .Hk = 2, .Sq = 1024, .Sk = 1024, .D = 128},
+                                           Case{.B = 2, .Hq = 4, .Hk = 2, .Sq = 256, .Sk = 256, .D = 128,
                                                 .dtype = DType::kFloat16}),
                          param_name);
 
@@ -188,7 +194,8 @@ INSTANTIATE_TEST_SUITE_P(Edges, GpuSpDpCloseToD,
 // heads go in mirrored pairs (KbTileOrder::pair_heads): an odd number of heads (a last one alone), pairs where a
 // CTA has no rows in one head of the pair (300 rows of 448 keys, two query heads a key head), an odd number of row
 // blocks that every CTA sees (960), and heads one at a time where pairs would split the consumers' parity (300
-// rows of 448 keys, one query head a key head; 63 rows of 1024).
+// rows of 448 keys, one query head a key head; 63 rows of 1024). fp16 (its own instances) in clusters of 8, causal
+// pairs, and of 4, unmasked.
 std::vector<Case> cluster_cases() {
   const int64_t wide = small_shapes() ? 40 : 150;
   return {{.B = 2, .Hq = 4, .Hk = 2, .Sq = 256, .Sk = 256, .D = 128},
@@ -207,7 +214,9 @@ std::vector<Case> cluster_cases() {
           {.B = 3, .Hq = 1, .Hk = 1, .Sq = 256, .Sk = 256, .D = 128},
           {.B = 1, .Hq = 4, .Hk = 2, .Sq = 300, .Sk = 448, .D = 128},
           {.B = 1, .Hq = 2, .Hk = 2, .Sq = 960, .Sk = 960, .D = 128},
-          {.B = 2, .Hq = 3, .Hk = 3, .Sq = 512, .Sk = 512, .D = 128}};
+          {.B = 2, .Hq = 3, .Hk = 3, .Sq = 512, .Sk = 512, .D = 128},
+          {.B = 1, .Hq = 2, .Hk = 2, .Sq = 1024, .Sk = 1024, .D = 128, .dtype = DType::kFloat16},
+          {.B = 1, .Hq = 2, .Hk = 2, .Sq = 512, .Sk = 512, .D = 128, .dtype = DType::kFloat16, .mask = Mask::kNone}};
 }
 
 INSTANTIATE_TEST_SUITE_P(Edges, GpuSpCluster, ::testing::ValuesIn(cluster_cases()), param_name);

@@ -52,6 +52,7 @@ constexpr int kClearBlocksPerSm = 4;
 template <class SpCfg>
 Status run_sm90_single_pass(const Problem& prob, CUstream_st* stream, [[maybe_unused]] bool clear_dq) {
   constexpr const char* kName = "sm90 single pass";
+  if (prob.dtype != SpCfg::kDType) return {Code::kInternal, std::string(kName) + ": an instance of another dtype"};
   if (prob.Sk > SpCfg::kMaxSk) {
     return {Code::kInternal, std::string(kName) + ": rows of more than " + std::to_string(SpCfg::kMaxSk) + " keys"};
   }

@@ -43,27 +43,13 @@ constexpr bool kSm90SpNoExchange = true;
 constexpr bool kSm90SpNoExchange = false;
 #endif
 
-// QKSOFTMAX_SM90_SP_HALF_DIAGONAL, an A/B build's knob (SpPpSoftmax::cut), the element-wise work of cut blocks by
-// halves of the CTA's keys: kHalfDiagonalFirst (1), a block whose rows see none of the second 64 keys (a key block's
-// first row block under a causal mask, or the keys past Sk) runs over the first 64 alone; kHalfDiagonalBoth (2),
-// besides, a block whose rows all see the first 64 compares only the second 64.
-constexpr int kHalfDiagonalFirst = 1, kHalfDiagonalBoth = 2;
-#ifndef QKSOFTMAX_SM90_SP_HALF_DIAGONAL
-#define QKSOFTMAX_SM90_SP_HALF_DIAGONAL 0
+// QKSOFTMAX_SM90_SP_WIDEN_AGAIN, an A/B build's knob (SpPpSoftmax::ds): dS widens dP to fp32 again, so that the
+// compiler does not keep the statistics' 64 fp32 values of dP live through the exchange.
+#ifdef QKSOFTMAX_SM90_SP_WIDEN_AGAIN
+constexpr bool kSm90SpWidenAgain = true;
+#else
+constexpr bool kSm90SpWidenAgain = false;
 #endif
-constexpr int kSm90SpHalfDiagonal = QKSOFTMAX_SM90_SP_HALF_DIAGONAL;
-static_assert(kSm90SpHalfDiagonal >= 0 && kSm90SpHalfDiagonal <= kHalfDiagonalBoth,
-              "QKSOFTMAX_SM90_SP_HALF_DIAGONAL: 0, 1 or 2");
-
-// QKSOFTMAX_SM90_SP_DS_FORM, an A/B build's knob (SpPpSoftmax::ds): kDsWidenAgain (1), dS widens dP to fp32 again
-// (the compiler otherwise keeps the statistics' 64 fp32 values of dP live through the exchange); kDsPacked (2),
-// besides, dS of blocks without masked keys in 16-bit pair arithmetic.
-constexpr int kDsWidenAgain = 1, kDsPacked = 2;
-#ifndef QKSOFTMAX_SM90_SP_DS_FORM
-#define QKSOFTMAX_SM90_SP_DS_FORM 0
-#endif
-constexpr int kSm90SpDsForm = QKSOFTMAX_SM90_SP_DS_FORM;
-static_assert(kSm90SpDsForm >= 0 && kSm90SpDsForm <= kDsPacked, "QKSOFTMAX_SM90_SP_DS_FORM: 0, 1 or 2");
 
 // A consumer thread's release of a ring slot (`ring`: a PipelineTmaAsync's shared storage): one arrival on this
 // CTA's own empty barrier. CUTLASS's consumer_release, for a pipeline built for a cluster of one, arrives on the

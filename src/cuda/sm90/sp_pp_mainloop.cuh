@@ -125,7 +125,7 @@ struct SpPpMainloop {
       load_tile_matrices<Cfg, kBlockM>(dp_at + uint32_t(p_state.index()) * kTileBytes,
                                        typename Cfg::CopydP{}.get_thread_slice(tid).retile_D(tSrdP));
       trace.mark(PpTracePhase::kWaitS);
-      const auto cut = softmax.cut(m0, n0);
+      const bool cut = softmax.cut(m0, n0);
       float m[kRows], f[kRows], fd[kRows];  // (f, fd: l and u until the factors)
       softmax.sums(tSrS, tSrdP, m0, n0, cut, m, f, fd);
       trace.mark(PpTracePhase::kSums);

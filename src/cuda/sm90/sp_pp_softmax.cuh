@@ -39,41 +39,13 @@ struct SpPpSoftmax {
     return make_tensor(tScS.data(), rowcol(tScS.layout()));                                       // (rows, keys)
   }
 
-  // The block of rows [m0, m0 + 64) against the CTA's keys (from n0): every row sees every key (compiled without
-  // the compares); some row does not see some key (the element-wise code masks). With kSm90SpHalfDiagonal, cut
-  // blocks by halves of the keys (a thread's values ci < kKeys / 2 of a row in RowCol are the first 64 keys:
-  // columns 8c + 2·(lane mod 4) + v of chunks c < 8): no row sees the second 64 (a causal key block's first row
-  // block, keys past Sk), so the work runs over the first 64 alone, p and dS 0 past them (kHalfDiagonalFirst); every
-  // row sees the first 64 (a causal key block's second row block), so only the second 64 are compared
-  // (kHalfDiagonalBoth).
-  enum class Cut { kNone, kSome, kFirstHalf, kSecondHalf };
-  __device__ Cut cut(int64_t m0, int64_t n0) const {
-    if (!keys.cuts(m0, Cfg::kBlockM, n0, Cfg::kBlockN)) return Cut::kNone;
-    if constexpr (kSm90SpHalfDiagonal >= kHalfDiagonalFirst) {
-      if (keys.sees_none(m0, Cfg::kBlockM, n0 + Cfg::kBlockN / 2)) return Cut::kFirstHalf;
-    }
-    if constexpr (kSm90SpHalfDiagonal >= kHalfDiagonalBoth) {
-      if (!keys.cuts(m0, Cfg::kBlockM, n0, Cfg::kBlockN / 2)) return Cut::kSecondHalf;
-    }
-    return Cut::kSome;
-  }
-  // f(cut_from, live) for the block's kind: values ci ≥ cut_from of a row are compared with the row's end, values
-  // ci ≥ live are not computed (Int constants). A kind this build does not take is masked whole.
-  template <class F>
-  __device__ static void with_cut(Cut block_cut, F&& f) {
-    if (block_cut == Cut::kNone) return f(Int<kKeys>{}, Int<kKeys>{});
-    if constexpr (kSm90SpHalfDiagonal >= kHalfDiagonalFirst) {
-      if (block_cut == Cut::kFirstHalf) return f(Int<0>{}, Int<kKeys / 2>{});
-    }
-    if constexpr (kSm90SpHalfDiagonal >= kHalfDiagonalBoth) {
-      if (block_cut == Cut::kSecondHalf) return f(Int<kKeys / 2>{}, Int<kKeys>{});
-    }
-    f(Int<0>{}, Int<kKeys>{});
-  }
+  // Whether the block of rows [m0, m0 + 64) has keys of the CTA (from n0) that some row does not see (its
+  // element-wise code then masks; a block without is compiled without the compares).
+  __device__ bool cut(int64_t m0, int64_t n0) const { return keys.cuts(m0, Cfg::kBlockM, n0, Cfg::kBlockN); }
 
   // The sums of the block's rows over the CTA's keys: S (overwritten) into p, masked, and each row's m (0 where the
   // row sees none of the keys), l and u (of every lane of its quad).
-  __device__ void sums(FragS& tSrS, const FragS16& tSrdP, int64_t m0, int64_t n0, Cut block_cut,
+  __device__ void sums(FragS& tSrS, const FragS16& tSrdP, int64_t m0, int64_t n0, bool is_cut,
                        float (&m_out)[kRows], float (&l_out)[kRows], float (&u_out)[kRows]) const {
     Tensor s = make_tensor(tSrS.data(), RowCol{});          // (rows, keys)
     const Tensor dp = make_tensor(tSrdP.data(), RowCol{});  // (rows, keys)
@@ -85,27 +57,25 @@ struct SpPpSoftmax {
       for (int i = 0; i < size(tSrS); ++i) tSrS(i) *= scale_log2;
     }
     const float k = prescale ? 1.0f : scale_log2;
-    with_cut(block_cut, [&](auto cut_from, auto live_keys) {
-      constexpr int kCutFrom = decltype(cut_from)::value;  // a row's values from which the keys are compared
-      constexpr int kLive = decltype(live_keys)::value;    // a row's values of the thread that any row may see
-      // −inf where the row does not see the key (causal, keys past Sk, rows past Sq)
-      if constexpr (kCutFrom < kLive) {
+    const auto rows = [&](auto cut_kind) {
+      constexpr bool kCut = decltype(cut_kind)::value;
+      if constexpr (kCut) {  // −inf where the row does not see the key (causal, keys past Sk, rows past Sq)
         const auto rc = coords();  // (rows, keys) → (row, key)
         CUTE_UNROLL
         for (int ri = 0; ri < kRows; ++ri) {
           const int64_t row = m0 + get<0>(rc(ri, 0));
           const int end = keys.cols_in(row, n0, Cfg::kBlockN);
           CUTE_UNROLL
-          for (int ci = kCutFrom; ci < kLive; ++ci) s(ri, ci) = get<1>(rc(ri, ci)) < end ? s(ri, ci) : -INFINITY;
+          for (int ci = 0; ci < kKeys; ++ci) s(ri, ci) = get<1>(rc(ri, ci)) < end ? s(ri, ci) : -INFINITY;
         }
       }
       // Both rows at each stage, so that their dependency chains (trees, shuffles) overlap.
       float ref[kRows];
       CUTE_UNROLL
       for (int ri = 0; ri < kRows; ++ri) {
-        float v[kLive];
+        float v[kKeys];
         CUTE_UNROLL
-        for (int ci = 0; ci < kLive; ++ci) v[ci] = s(ri, ci);
+        for (int ci = 0; ci < kKeys; ++ci) v[ci] = s(ri, ci);
         ref[ri] = tree_reduce(v, MaxOp{});
       }
       CUTE_UNROLL
@@ -120,14 +90,14 @@ struct SpPpSoftmax {
       }
       float l[kRows][kSums] = {}, u[kRows][kSums] = {};
       CUTE_UNROLL
-      for (int ci = 0; ci < kLive; ++ci) {
+      for (int ci = 0; ci < kKeys; ++ci) {
         CUTE_UNROLL
         for (int ri = 0; ri < kRows; ++ri) {
           const float p = exp2_fast(fmaf(s(ri, ci), k, -ref[ri]));
           s(ri, ci) = p;
           l[ri][ci % kSums] += p;
           // A masked key (p = 0) adds nothing whatever dP holds there (NaN included).
-          const float d = ci >= kCutFrom && p == 0.0f ? 0.0f : float(dp(ri, ci));
+          const float d = kCut && p == 0.0f ? 0.0f : float(dp(ri, ci));
           u[ri][ci % kSums] = fmaf(p, d, u[ri][ci % kSums]);
         }
       }
@@ -137,7 +107,12 @@ struct SpPpSoftmax {
         l_out[ri] = tree_reduce(l[ri], SumOp{});
         u_out[ri] = tree_reduce(u[ri], SumOp{});
       }
-    });
+    };
+    if (is_cut) {
+      rows(std::true_type{});
+    } else {
+      rows(std::false_type{});
+    }
     quad_sum_rows<kQuad>(l_out, u_out);
   }
 
@@ -169,46 +144,40 @@ struct SpPpSoftmax {
   }
 
   // dS = p · (dP · f − fd) into tSrdS, from p (stats) and dP.
-  __device__ void ds(const FragS& tSrS, const FragS16& tSrdP, Cut block_cut, const float (&f)[kRows],
+  __device__ void ds(const FragS& tSrS, const FragS16& tSrdP, bool is_cut, const float (&f)[kRows],
                      const float (&fd)[kRows], FragS16& tSrdS) const {
     const Tensor s = make_tensor(tSrS.data(), RowCol{});    // (rows, keys)
     const Tensor dp = make_tensor(tSrdP.data(), RowCol{});  // (rows, keys)
     Tensor ds = make_tensor(tSrdS.data(), RowCol{});        // (rows, keys)
-    const auto elementwise = [&](auto cut_from, auto live_keys) {
-      constexpr int kCutFrom = decltype(cut_from)::value;
-      constexpr int kLive = decltype(live_keys)::value;
+    const auto elementwise = [&](auto cut_kind) {
+      constexpr bool kCut = decltype(cut_kind)::value;
       CUTE_UNROLL
       for (int ri = 0; ri < kRows; ++ri) {
         CUTE_UNROLL
         for (int ci = 0; ci < kKeys; ++ci) {
-          if (ci >= kLive) {
-            ds(ri, ci) = Element(0.0f);
-            continue;
-          }
           const float p = s(ri, ci);
           float x;  // dP
-          if constexpr (kSm90SpDsForm >= kDsWidenAgain) {
+          if constexpr (kSm90SpWidenAgain) {
             x = widened(dp, ri, ci);
           } else {
             x = float(dp(ri, ci));
           }
           const float d = p * fmaf(x, f[ri], -fd[ri]);
-          ds(ri, ci) = Element(ci >= kCutFrom && p == 0.0f ? 0.0f : d);
+          ds(ri, ci) = Element(kCut && p == 0.0f ? 0.0f : d);
         }
       }
     };
-    with_cut(block_cut, [&](auto cut_from, auto live_keys) {
-      if constexpr (kSm90SpDsForm == kDsPacked && decltype(cut_from)::value == kKeys) {
-        packed(s, dp, f, fd, ds);
-      } else {
-        elementwise(cut_from, live_keys);
-      }
-    });
+    if (is_cut) {
+      elementwise(std::true_type{});
+    } else {
+      elementwise(std::false_type{});
+    }
   }
 
-  // kDsWidenAgain: dP(ri, ci) widened to fp32 in a form of its own (inline PTX on its 32-bit pair), so
-  // that the compiler converts it again here instead of keeping the statistics' 64 fp32 values of dP live through the
-  // exchange (32 registers of the consumers' peak).
+  // kSm90SpWidenAgain: dP(ri, ci) widened to fp32 in a form of its own (inline PTX on its 32-bit pair, a row's
+  // values ci and ci + 1, ci even, being one pair: Sm90Layouts.SoftmaxValueOrder), which the compiler does not merge
+  // with the statistics' conversion, so that it converts dP again here instead of keeping those 64 fp32 values
+  // live through the exchange (32 registers of the consumers' peak).
   template <class DP>
   __device__ static float widened(const DP& dp, int ri, int ci) {
     const uint32_t bits = reinterpret_cast<const uint32_t*>(&dp(ri, ci - ci % 2))[0];
@@ -225,33 +194,6 @@ struct SpPpSoftmax {
       asm volatile("{ .reg .f16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, hi; }" : "=f"(y) : "r"(bits));
     }
     return y;
-  }
-
-  // kDsPacked, a block without masked keys: dS in 16-bit pairs, the bracket dP · f − fd by one
-  // fma.rn of the pair (f and fd rounded to 16 bits), p rounded to 16 bits beside it, their product by one mul.rn:
-  // 3 instructions a pair instead of 5. The bracket's error is then ~2^-9 (bf16) of |dP · f| + |fd|, not of the
-  // bracket: where dP ≈ D, dS can be off by its own size (rare values; the Frobenius error of dQ and dK is what the
-  // A/B measures), and in fp16 a tiny f (2^(m − LSE) / l) loses bits as a subnormal. A row's values (ci, ci + 1), ci
-  // even, are one 32-bit pair of the 16-bit fragments (Sm90Layouts.SoftmaxValueOrder).
-  using Pair = std::conditional_t<std::is_same_v<Element, cutlass::bfloat16_t>, __nv_bfloat162, __half2>;
-  template <class S, class DP, class DS>
-  __device__ static void packed(const S& s, const DP& dp, const float (&f)[kRows], const float (&fd)[kRows], DS& ds) {
-    CUTE_UNROLL
-    for (int ri = 0; ri < kRows; ++ri) {
-      const Pair f2 = pair(f[ri], f[ri]), nfd2 = pair(-fd[ri], -fd[ri]);
-      CUTE_UNROLL
-      for (int ci = 0; ci < kKeys; ci += 2) {
-        const Pair dp2 = reinterpret_cast<const Pair*>(&dp(ri, ci))[0];
-        reinterpret_cast<Pair*>(&ds(ri, ci))[0] = __hmul2(pair(s(ri, ci), s(ri, ci + 1)), __hfma2(dp2, f2, nfd2));
-      }
-    }
-  }
-  __device__ static Pair pair(float lo, float hi) {
-    if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
-      return __floats2bfloat162_rn(lo, hi);
-    } else {
-      return __floats2half2_rn(lo, hi);
-    }
   }
 };
 

@@ -51,15 +51,6 @@ constexpr bool kSm90SpWidenAgain = true;
 constexpr bool kSm90SpWidenAgain = false;
 #endif
 
-// QKSOFTMAX_SM90_SP_LANE_WAITS, an A/B build's knob (SpPpExchange, clusters of 4 and 8): each lane waits only for
-// the peers whose partials it combines (SpPpExchange::combine_in_quads: half of them), each wait beside its read,
-// instead of every thread waiting for every peer in turn before the combination.
-#ifdef QKSOFTMAX_SM90_SP_LANE_WAITS
-constexpr bool kSm90SpLaneWaits = true;
-#else
-constexpr bool kSm90SpLaneWaits = false;
-#endif
-
 // A consumer thread's release of a ring slot (`ring`: a PipelineTmaAsync's shared storage): one arrival on this
 // CTA's own empty barrier. CUTLASS's consumer_release, for a pipeline built for a cluster of one, arrives on the
 // cluster's CTA 0, which in a cluster launch is another CTA's barrier.

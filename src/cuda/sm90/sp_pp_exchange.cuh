@@ -27,7 +27,6 @@ struct SpPpExchange {
   static constexpr int kPerLane = Cfg::kCluster > 1 ? Cfg::kCluster / 2 : 1;  // a row's partials a lane combines (quads)
   static constexpr int kPushesPerLane = (kPeers + kQuad - 1) / kQuad;  // the peers a lane of a quad pushes to
   static_assert(kPeers * kCountBits <= 32, "the counts fit a register");
-  static constexpr bool kLaneWaits = kSm90SpLaneWaits && Cfg::kQuadCombine;
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
 
   typename Cfg::Storage& st;
@@ -45,7 +44,6 @@ struct SpPpExchange {
   __device__ int index_at(int of) const { return rank < of ? rank : rank - 1; }
   __device__ uint32_t count(int p) const { return (counts >> (kCountBits * p)) & 3u; }
   __device__ int slot(int p) const { return Cfg::stats_slot(w, p, int(count(p) % Cfg::kStatsSlots)); }
-  __device__ uint32_t phase(int p) const { return (count(p) / Cfg::kStatsSlots) & 1u; }  // of slot(p)'s barrier
 
   // The peers whose keys row block `block` sees (bit p: peer p; CTA r's key block is r, or C − 1 − r in a mirrored
   // tile, the tile order gives its first row block): the block's statistics are exchanged with them, none where 0.
@@ -81,14 +79,12 @@ struct SpPpExchange {
       }
     }
     mark(PpTracePhase::kPush);
-    // Each slot's arrival (its bytes expected); every peer's awaited here, or with kLaneWaits each by the lanes that
-    // read its partials, beside their reads (the trace's wait phase then in the combination's).
     CUTE_UNROLL
-    for (int p = 0; p < kPeers; ++p) {
+    for (int p = 0; p < kPeers; ++p) {  // every peer's awaited
       if (!(peers >> p & 1u)) continue;
       uint64_t* full = &st.stats_full[slot(p)];
       if (tid == 0) Barrier::arrive_and_expect_tx(full, Cfg::kStatsBytes);
-      if constexpr (!kLaneWaits) Barrier::wait(full, phase(p));
+      Barrier::wait(full, (count(p) / Cfg::kStatsSlots) & 1u);
     }
     mark(PpTracePhase::kExchange);
     if constexpr (!Cfg::kQuadCombine) {  // every lane combines every partial of both its rows
@@ -130,8 +126,7 @@ struct SpPpExchange {
   // SpPpConfig::kQuadCombine: a row's kCluster partials (its own at position 0, peer p's at p + 1) split between two
   // lanes of its quad (lanes 0 and 1 row 0, lanes 2 and 3 row 1), lane h of the two the positions of parity h; each
   // reduces its half against its own largest LSE, the two halves are merged in one order on both lanes (so that
-  // they agree bit for bit), and every lane of the quad takes both rows' results. With kLaneWaits a lane awaits
-  // each peer's slot just before it reads it.
+  // they agree bit for bit), and every lane of the quad takes both rows' results.
   __device__ void combine_in_quads(uint32_t peers, const float2 (&mine)[kRows], const int (&rows)[kRows], int tid,
                                    float (&top)[kRows], float (&sum)[kRows], float (&d)[kRows]) const {
     const int lane = tid % 32;
@@ -145,7 +140,6 @@ struct SpPpExchange {
       if (p < 0) {
         v[i] = ri == 0 ? mine[0] : mine[1];
       } else if (peers >> p & 1u) {
-        if constexpr (kLaneWaits) Barrier::wait(&st.stats_full[slot(p)], phase(p));
         v[i] = st.stats[slot(p)][row];
       }
     }

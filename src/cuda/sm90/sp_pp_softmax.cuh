@@ -97,7 +97,7 @@ struct SpPpSoftmax {
           s(ri, ci) = p;
           l[ri][ci % kSums] += p;
           // A masked key (p = 0) adds nothing whatever dP holds there (NaN included).
-          const float d = kCut && p == 0.0f ? 0.0f : float(dp(ri, ci));
+          const float d = kCut && p == 0.0f ? 0.0f : value(dp, ri, ci);
           u[ri][ci % kSums] = fmaf(p, d, u[ri][ci % kSums]);
         }
       }
@@ -160,7 +160,7 @@ struct SpPpSoftmax {
           if constexpr (kSm90SpWidenAgain) {
             x = widened(dp, ri, ci);
           } else {
-            x = float(dp(ri, ci));
+            x = value(dp, ri, ci);
           }
           const float d = p * fmaf(x, f[ri], -fd[ri]);
           ds(ri, ci) = Element(kCut && p == 0.0f ? 0.0f : d);
@@ -171,6 +171,19 @@ struct SpPpSoftmax {
       elementwise(std::true_type{});
     } else {
       elementwise(std::false_type{});
+    }
+  }
+
+  // dP(ri, ci) in fp32. With kSm90SpDpBits, in bf16 from the bits of its 32-bit pair (a row's values ci, ci + 1, ci
+  // even, are one pair: Sm90Layouts.SoftmaxValueOrder): the high value by one AND, where the conversion of the
+  // 16-bit value takes an extract and a shift.
+  template <class DP>
+  __device__ static float value(const DP& dp, int ri, int ci) {
+    if constexpr (kSm90SpDpBits && std::is_same_v<Element, cutlass::bfloat16_t>) {
+      const uint32_t bits = reinterpret_cast<const uint32_t*>(&dp(ri, ci - ci % 2))[0];
+      return __uint_as_float(ci % 2 == 0 ? bits << 16 : bits & 0xffff0000u);
+    } else {
+      return float(dp(ri, ci));
     }
   }
 

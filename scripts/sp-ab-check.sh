@@ -49,7 +49,6 @@ for v in "${variants[@]}"; do
   if skipped tests || [[ " $UNTESTED " == *" $name "* ]]; then passed+=("$name"); continue; fi
   if stage "tests-$name" 90 "build/ab-$name/tests/cpp/qksoftmax_kernel_tests" \
     --gtest_filter='*GpuSp*' --gtest_brief=1 || [ -n "$BENCH_FAILED" ]; then passed+=("$name"); fi
-  grep -h "^DIAG" "$LOGS/tests-$name.log"
   echo "$name: $(grep -hE 'PASSED|FAILED' "$LOGS/tests-$name.log" | tr '\n' ' ')"
 done
 for round in 1 2; do

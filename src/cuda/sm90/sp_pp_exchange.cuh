@@ -140,7 +140,7 @@ struct SpPpExchange {
   // kJointWait: whether every barrier at[p] whose bit p of `awaited` is set has completed its phase of parity bit p
   // of `phases`; one try-wait a barrier, all issued before any result is tested (one asm block: CUTLASS's try_wait
   // converts its predicate right after the instruction, which keeps a warp from issuing the next before it returns).
-  __device__ static bool all_in(const uint32_t (&at)[kPeers], uint32_t phases, uint32_t awaited) {
+  __device__ static bool all_in(const uint32_t (&at)[kPeers > 0 ? kPeers : 1], uint32_t phases, uint32_t awaited) {
 #define QKSOFTMAX_SP_TRY_WAIT(P, BIT, OPERAND)                            \
   "and.b32 t, %1, " #BIT ";\n\t"                                         \
   "setp.eq.u32 r" #P ", t, 0;\n\t"                                       \

@@ -174,29 +174,35 @@ struct SpPpSoftmax {
     }
   }
 
-  // dP(ri, ci) in fp32. With kSm90SpDpBits, in bf16 from the bits of its 32-bit pair (a row's values ci, ci + 1, ci
-  // even, are one pair: Sm90Layouts.SoftmaxValueOrder): the high value by one AND, where the conversion of the
-  // 16-bit value takes an extract and a shift; beside kSm90SpWidenAgain by `widened` (in plain C++ the compiler
-  // would merge this conversion with dS's and keep the fp32 values live through the exchange again).
+  // The 32-bit pair of 16-bit values that holds dP(ri, ci): a row's values ci, ci + 1, ci even, are one pair
+  // (Sm90Layouts.SoftmaxValueOrder), ci's in the low half.
+  template <class DP>
+  __device__ static uint32_t pair_bits(const DP& dp, int ri, int ci) {
+    return reinterpret_cast<const uint32_t*>(&dp(ri, ci - ci % 2))[0];
+  }
+
+  // dP(ri, ci) in fp32. With kSm90SpDpBits, in bf16 from the bits of its 32-bit pair (pair_bits): the high value
+  // by one AND, where the conversion of the 16-bit value takes an extract and a shift; beside kSm90SpWidenAgain by
+  // `widened` (in plain C++ the compiler would merge this conversion with dS's and keep the fp32 values live
+  // through the exchange again).
   template <class DP>
   __device__ static float value(const DP& dp, int ri, int ci) {
     if constexpr (kSm90SpDpBits && kSm90SpWidenAgain) {
       return widened(dp, ri, ci);
     } else if constexpr (kSm90SpDpBits && std::is_same_v<Element, cutlass::bfloat16_t>) {
-      const uint32_t bits = reinterpret_cast<const uint32_t*>(&dp(ri, ci - ci % 2))[0];
+      const uint32_t bits = pair_bits(dp, ri, ci);
       return __uint_as_float(ci % 2 == 0 ? bits << 16 : bits & 0xffff0000u);
     } else {
       return float(dp(ri, ci));
     }
   }
 
-  // kSm90SpWidenAgain: dP(ri, ci) widened to fp32 in a form of its own (inline PTX on its 32-bit pair, a row's
-  // values ci and ci + 1, ci even, being one pair: Sm90Layouts.SoftmaxValueOrder), which the compiler does not merge
-  // with the statistics' conversion, so that it converts dP again here instead of keeping those 64 fp32 values
-  // live through the exchange (32 registers of the consumers' peak).
+  // kSm90SpWidenAgain: dP(ri, ci) widened to fp32 in a form of its own (inline PTX on its 32-bit pair, pair_bits),
+  // which the compiler does not merge with the statistics' conversion, so that it converts dP again here instead of
+  // keeping those 64 fp32 values live through the exchange (32 registers of the consumers' peak).
   template <class DP>
   __device__ static float widened(const DP& dp, int ri, int ci) {
-    const uint32_t bits = reinterpret_cast<const uint32_t*>(&dp(ri, ci - ci % 2))[0];
+    const uint32_t bits = pair_bits(dp, ri, ci);
     float y;
     if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
       if (ci % 2 == 0) {

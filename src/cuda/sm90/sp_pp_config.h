@@ -51,22 +51,6 @@ constexpr bool kSm90SpWidenAgain = true;
 constexpr bool kSm90SpWidenAgain = false;
 #endif
 
-// QKSOFTMAX_SM90_SP_JOINT_WAIT, an A/B build's knob (SpPpExchange::combine, clusters of 4 and 8): every peer's slot
-// tested in one pass of try-waits, the pass repeated until all are in, instead of one wait loop per peer in turn.
-#ifdef QKSOFTMAX_SM90_SP_JOINT_WAIT
-constexpr bool kSm90SpJointWait = true;
-#else
-constexpr bool kSm90SpJointWait = false;
-#endif
-
-// QKSOFTMAX_SM90_SP_DP_BITS, an A/B build's knob (SpPpSoftmax::value): bf16 dP widened to fp32 from the bits of its
-// 32-bit pair (one instruction a value; the compiler's conversion takes two for a pair's high value).
-#ifdef QKSOFTMAX_SM90_SP_DP_BITS
-constexpr bool kSm90SpDpBits = true;
-#else
-constexpr bool kSm90SpDpBits = false;
-#endif
-
 // A consumer thread's release of a ring slot (`ring`: a PipelineTmaAsync's shared storage): one arrival on this
 // CTA's own empty barrier. CUTLASS's consumer_release, for a pipeline built for a cluster of one, arrives on the
 // cluster's CTA 0, which in a cluster launch is another CTA's barrier.

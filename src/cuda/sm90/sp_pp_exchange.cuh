@@ -27,7 +27,6 @@ struct SpPpExchange {
   static constexpr int kPerLane = Cfg::kCluster > 1 ? Cfg::kCluster / 2 : 1;  // a row's partials a lane combines (quads)
   static constexpr int kPushesPerLane = (kPeers + kQuad - 1) / kQuad;  // the peers a lane of a quad pushes to
   static_assert(kPeers * kCountBits <= 32, "the counts fit a register");
-  static constexpr bool kJointWait = kSm90SpJointWait && kPeers > 1;
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
 
   typename Cfg::Storage& st;
@@ -81,24 +80,13 @@ struct SpPpExchange {
       }
     }
     mark(PpTracePhase::kPush);
-    // Every peer's slot awaited (thread 0 arriving on each, its bytes expected): in turn, or with kJointWait by passes
-    // of one try-wait a slot, independent instructions whose latencies overlap, until a pass finds all in.
+    // Every peer's slot awaited in turn (thread 0 arriving on each, its bytes expected).
     CUTE_UNROLL
     for (int p = 0; p < kPeers; ++p) {
       if (!(peers >> p & 1u)) continue;
       uint64_t* full = &st.stats_full[slot(p)];
       if (tid == 0) Barrier::arrive_and_expect_tx(full, Cfg::kStatsBytes);
-      if constexpr (!kJointWait) Barrier::wait(full, phase(p));
-    }
-    if constexpr (kJointWait) {
-      uint32_t at[kPeers], phases = 0;
-      CUTE_UNROLL
-      for (int p = 0; p < kPeers; ++p) {
-        at[p] = smem_addr(&st.stats_full[slot(p)]);
-        phases |= phase(p) << p;
-      }
-      while (!all_in(at, phases, peers)) {
-      }
+      Barrier::wait(full, phase(p));
     }
     mark(PpTracePhase::kExchange);
     if constexpr (!Cfg::kQuadCombine) {  // every lane combines every partial of both its rows
@@ -135,44 +123,6 @@ struct SpPpExchange {
     for (int p = 0; p < kPeers; ++p) inc |= (peers >> p & 1u) << (kCountBits * p);
     const uint32_t lo = counts & 0x55555555u, hi = counts & 0xAAAAAAAAu;
     counts = (lo ^ inc) | (hi ^ ((lo & inc) << 1));
-  }
-
-  // kJointWait: whether every barrier at[p] whose bit p of `awaited` is set has completed its phase of parity bit p
-  // of `phases`; one try-wait a barrier, all issued before any result is tested (one asm block: CUTLASS's try_wait
-  // converts its predicate right after the instruction, which keeps a warp from issuing the next before it returns).
-  __device__ static bool all_in(const uint32_t (&at)[kPeers > 0 ? kPeers : 1], uint32_t phases, uint32_t awaited) {
-#define QKSOFTMAX_SP_TRY_WAIT(P, BIT, OPERAND)                            \
-  "and.b32 t, %1, " #BIT ";\n\t"                                         \
-  "setp.eq.u32 r" #P ", t, 0;\n\t"                                       \
-  "setp.ne.u32 g, t, 0;\n\t"                                             \
-  "shr.b32 ph, %2, " #P ";\n\t"                                          \
-  "and.b32 ph, ph, 1;\n\t"                                               \
-  "@g mbarrier.try_wait.parity.shared::cta.b64 r" #P ", [%" #OPERAND "], ph;\n\t"
-    uint32_t in;
-    if constexpr (kPeers == 3) {
-      asm volatile(
-          "{\n\t.reg .pred r0, r1, r2, g;\n\t.reg .b32 t, ph;\n\t"
-          QKSOFTMAX_SP_TRY_WAIT(0, 1, 3) QKSOFTMAX_SP_TRY_WAIT(1, 2, 4) QKSOFTMAX_SP_TRY_WAIT(2, 4, 5)
-          "and.pred r0, r0, r1;\n\tand.pred r0, r0, r2;\n\tselp.b32 %0, 1, 0, r0;\n\t}"
-          : "=r"(in)
-          : "r"(awaited), "r"(phases), "r"(at[0]), "r"(at[1]), "r"(at[2])
-          : "memory");
-    } else {
-      static_assert(kPeers == 7, "all_in: clusters of 4 or 8");
-      asm volatile(
-          "{\n\t.reg .pred r0, r1, r2, r3, r4, r5, r6, g;\n\t.reg .b32 t, ph;\n\t"
-          QKSOFTMAX_SP_TRY_WAIT(0, 1, 3) QKSOFTMAX_SP_TRY_WAIT(1, 2, 4) QKSOFTMAX_SP_TRY_WAIT(2, 4, 5)
-          QKSOFTMAX_SP_TRY_WAIT(3, 8, 6) QKSOFTMAX_SP_TRY_WAIT(4, 16, 7) QKSOFTMAX_SP_TRY_WAIT(5, 32, 8)
-          QKSOFTMAX_SP_TRY_WAIT(6, 64, 9)
-          "and.pred r0, r0, r1;\n\tand.pred r2, r2, r3;\n\tand.pred r4, r4, r5;\n\tand.pred r0, r0, r6;\n\t"
-          "and.pred r2, r2, r4;\n\tand.pred r0, r0, r2;\n\tselp.b32 %0, 1, 0, r0;\n\t}"
-          : "=r"(in)
-          : "r"(awaited), "r"(phases), "r"(at[0]), "r"(at[1]), "r"(at[2]), "r"(at[3]), "r"(at[4]), "r"(at[5]),
-            "r"(at[6])
-          : "memory");
-    }
-#undef QKSOFTMAX_SP_TRY_WAIT
-    return in != 0;
   }
 
   // SpPpConfig::kQuadCombine: a row's kCluster partials (its own at position 0, peer p's at p + 1) split between two

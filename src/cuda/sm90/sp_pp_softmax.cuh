@@ -181,15 +181,14 @@ struct SpPpSoftmax {
     return reinterpret_cast<const uint32_t*>(&dp(ri, ci - ci % 2))[0];
   }
 
-  // dP(ri, ci) in fp32. With kSm90SpDpBits, in bf16 from the bits of its 32-bit pair (pair_bits): the high value
-  // by one AND, where the conversion of the 16-bit value takes an extract and a shift; beside kSm90SpWidenAgain by
-  // `widened` (in plain C++ the compiler would merge this conversion with dS's and keep the fp32 values live
-  // through the exchange again).
+  // dP(ri, ci) in fp32. In bf16 from the bits of its 32-bit pair (pair_bits): the high value by one AND, where the
+  // conversion of the 16-bit value takes an extract and a shift; beside kSm90SpWidenAgain by `widened` (in plain C++
+  // the compiler would merge this conversion with dS's and keep the fp32 values live through the exchange again).
   template <class DP>
   __device__ static float value(const DP& dp, int ri, int ci) {
-    if constexpr (kSm90SpDpBits && kSm90SpWidenAgain) {
+    if constexpr (kSm90SpWidenAgain) {
       return widened(dp, ri, ci);
-    } else if constexpr (kSm90SpDpBits && std::is_same_v<Element, cutlass::bfloat16_t>) {
+    } else if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
       const uint32_t bits = pair_bits(dp, ri, ci);
       return __uint_as_float(ci % 2 == 0 ? bits << 16 : bits & 0xffff0000u);
     } else {

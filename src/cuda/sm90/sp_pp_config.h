@@ -51,17 +51,6 @@ constexpr bool kSm90SpWidenAgain = true;
 constexpr bool kSm90SpWidenAgain = false;
 #endif
 
-// QKSOFTMAX_SM90_SP_DK_AFTER, an A/B build's knob (SpPpMainloop, with a dK warpgroup): when a block's owner
-// announces its dS to the dK warpgroup (ds_full): 0 once written, before its turn; 1 in its turn, after its dQ
-// product is issued and before S of its next block; 2 after its turn's products are issued. Later, the dK product
-// queues behind the owner's dQ on the tensor pipe instead of ahead of it.
-#ifdef QKSOFTMAX_SM90_SP_DK_AFTER
-constexpr int kSm90SpDkAfter = QKSOFTMAX_SM90_SP_DK_AFTER;
-#else
-constexpr int kSm90SpDkAfter = 0;
-#endif
-static_assert(kSm90SpDkAfter >= 0 && kSm90SpDkAfter <= 2, "QKSOFTMAX_SM90_SP_DK_AFTER: 0, 1 or 2");
-
 // A consumer thread's release of a ring slot (`ring`: a PipelineTmaAsync's shared storage): one arrival on this
 // CTA's own empty barrier. CUTLASS's consumer_release, for a pipeline built for a cluster of one, arrives on the
 // cluster's CTA 0, which in a cluster launch is another CTA's barrier.

@@ -151,10 +151,8 @@ struct SpPpMainloop {
       store_tile_matrices<Cfg, kBlockM>(ds_at + uint32_t(Cfg::ds_buffer(j)) * kTileBytes,
                                         typename Cfg::CopydS{}.get_thread_slice(tid).retile_S(tSrdS));
       cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
-      // dS(j) announced to the dK warpgroup: here, or with kSm90SpDkAfter in the turn (announce_ds).
-      const auto announce_ds = [&] { cutlass::arch::ClusterBarrier::arrive(&st.ds_full[Cfg::ds_buffer(j)]); };
       if constexpr (kDkWarpgroup) {
-        if constexpr (kSm90SpDkAfter == 0) announce_ds();
+        cutlass::arch::ClusterBarrier::arrive(&st.ds_full[Cfg::ds_buffer(j)]);  // (for the dK warpgroup)
       } else if (last) {
         cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTileDsBarrier);
       }
@@ -187,10 +185,8 @@ struct SpPpMainloop {
         FragdQ tdQrdQ;  // (MMA, 1, 1) fp32
         warpgroup_mma<kDqBlocks, true, false>(mma_dq, tdQsdS(_, _, _, Cfg::ds_buffer(j)), tdQsK(_, _, _, k_use.buffer),
                                               tdQrdQ);
-        if constexpr (kDkWarpgroup && kSm90SpDkAfter == 1) announce_ds();
         if constexpr (kNext) issue_s(j_next, k_use);
         cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTurnBarrier + other);
-        if constexpr (kDkWarpgroup && kSm90SpDkAfter == 2) announce_ds();
         trace.mark(PpTracePhase::kIssue);
         constexpr int kAfterDq = kNext ? 1 : 0;  // batches issued after dQ's
         if constexpr (!kDkWarpgroup) {

@@ -107,6 +107,14 @@ struct SpPpMainloop {
       warpgroup_mma<size<2>(decltype(tSsQ.layout()){}), true, false>(mma_s, tSsQ(_, _, _, q_state.index()),
                                                                     tSsK(_, _, _, k_use.buffer), tSrS);
     };
+    // dS(j) into its buffer once block j − 3 is done with it (ds_free), fenced for the products that read it.
+    const auto store_ds = [&](int j, const FragS16& tSrdS) __attribute__((always_inline)) {
+      if (j >= Cfg::kDsBuffers) cutlass::arch::ClusterBarrier::wait(&st.ds_free[Cfg::ds_buffer(j)], Cfg::ds_phase(j - Cfg::kDsBuffers));
+      trace.mark(PpTracePhase::kDsFree);
+      store_tile_matrices<Cfg, kBlockM>(ds_at + uint32_t(Cfg::ds_buffer(j)) * kTileBytes,
+                                        typename Cfg::CopydS{}.get_thread_slice(tid).retile_S(tSrdS));
+      cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
+    };
     // This consumer's block j, row block `block`, of the tile's keys (from key n0), its S issued ahead; j_next: its
     // next block of the tile, whose S its turn issues, −1 where none; prev, last: the other consumer's block j − 1 is
     // of the tile, block j is the tile's last.
@@ -146,12 +154,7 @@ struct SpPpMainloop {
       FragS16 tSrdS;  // (MMA, 1, 1)
       softmax.ds(tSrS, tSrdP, cut, f, fd, tSrdS);
       trace.mark(PpTracePhase::kSoftmax);
-      // dS(j)'s buffer: block j − 3's products done.
-      if (j >= Cfg::kDsBuffers) cutlass::arch::ClusterBarrier::wait(&st.ds_free[Cfg::ds_buffer(j)], Cfg::ds_phase(j - Cfg::kDsBuffers));
-      trace.mark(PpTracePhase::kDsFree);
-      store_tile_matrices<Cfg, kBlockM>(ds_at + uint32_t(Cfg::ds_buffer(j)) * kTileBytes,
-                                        typename Cfg::CopydS{}.get_thread_slice(tid).retile_S(tSrdS));
-      cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
+      store_ds(j, tSrdS);
       if constexpr (kDkWarpgroup) {
         cutlass::arch::ClusterBarrier::arrive(&st.ds_full[Cfg::ds_buffer(j)]);  // (for the dK warpgroup)
       } else if (last) {
@@ -304,11 +307,7 @@ struct SpPpMainloop {
       }
       release_slot(st.p_pipe, p_state);
       trace.mark(PpTracePhase::kSoftmax);
-      if (j >= Cfg::kDsBuffers) cutlass::arch::ClusterBarrier::wait(&st.ds_free[Cfg::ds_buffer(j)], Cfg::ds_phase(j - Cfg::kDsBuffers));
-      trace.mark(PpTracePhase::kDsFree);
-      store_tile_matrices<Cfg, kBlockM>(ds_at + uint32_t(Cfg::ds_buffer(j)) * kTileBytes,
-                                        typename Cfg::CopydS{}.get_thread_slice(tid).retile_S(tSrdS));
-      cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
+      store_ds(j, tSrdS);
       cutlass::arch::ClusterBarrier::arrive(&st.ds_full[Cfg::ds_buffer(j)]);  // (for the dK warpgroup)
       trace.mark(PpTracePhase::kStoreDs);
       if (j_next >= 0) {

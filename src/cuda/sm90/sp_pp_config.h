@@ -51,14 +51,14 @@ constexpr bool kSm90SpWidenAgain = true;
 constexpr bool kSm90SpWidenAgain = false;
 #endif
 
-// QKSOFTMAX_SM90_SP_LATE_DQ, an A/B build's knob (SpPpConfig::kLateDq: clusters of 4 and 8, with a dK warpgroup):
-// a block's dQ issued in its owner's next block of the tile, between that block's pushes and its wait for the
-// peers, and staged in the block's own dS buffer, from where the dK store thread stores it (docs/DESIGN.md, "dQ a
-// block late").
+// QKSOFTMAX_SM90_SP_LATE_DQ, an A/B build's knob (SpPpConfig::kLateDq, with a dK warpgroup: defined, in clusters of
+// 4 and 8; =2, in clusters of 2 too): a block's dQ issued in its owner's next block of the tile, between that
+// block's pushes and its wait for the peers, and staged in the block's own dS buffer, from where the dK store thread
+// stores it (docs/DESIGN.md, "dQ a block late").
 #ifdef QKSOFTMAX_SM90_SP_LATE_DQ
-constexpr bool kSm90SpLateDq = true;
+constexpr int kSm90SpLateDqMinCluster = QKSOFTMAX_SM90_SP_LATE_DQ == 2 ? 2 : 4;
 #else
-constexpr bool kSm90SpLateDq = false;
+constexpr int kSm90SpLateDqMinCluster = 0;  // (none)
 #endif
 
 // A consumer thread's release of a ring slot (`ring`: a PipelineTmaAsync's shared storage): one arrival on this
@@ -260,9 +260,9 @@ struct SpPpConfig {
   // Q's readers that release its slots: both consumers (each reads every block's Q), or with a dK warpgroup the
   // block's owner (its S) and the dK warpgroup: 256 threads either way.
   static constexpr int kQReleasers = 2 * kWarpgroupThreads;
-  // kSm90SpLateDq's form: a block's dQ a block late, staged in the block's dS buffer once the dK warpgroup has read
-  // it (dk_read), and stored from there by the dK store thread (dq_staged), which then frees the buffer.
-  static constexpr bool kLateDq = kSm90SpLateDq && kDkWarpgroup && kCluster >= 4;
+  // QKSOFTMAX_SM90_SP_LATE_DQ's form: a block's dQ a block late, staged in the block's dS buffer once the dK
+  // warpgroup has read it (dk_read), and stored from there by the dK store thread (dq_staged), which then frees it.
+  static constexpr bool kLateDq = kSm90SpLateDqMinCluster > 0 && kDkWarpgroup && kCluster >= kSm90SpLateDqMinCluster;
   // Arrivals that free a dS buffer: its owner's and the other consumer's, or the owner's and the dK warpgroup's
   // (kLateDq: the dK store thread's, once its store of the dQ staged there has read it).
   static constexpr int kDsReaders = kLateDq ? 1 : 2 * kWarpgroupThreads;

@@ -597,7 +597,7 @@ TEST(Sm90Layouts, MatrixAddresses) {
 
 // The pingpong single pass's element-wise view of S (SpPpSoftmax's RowCol: a thread's (rows, keys) of the (64, 128)
 // block): a row's values (ci, ci + 1), ci even, must be adjacent in the fragment from an even index, one 32-bit pair
-// of a 16-bit fragment (SpPpSoftmax::widened reads dP's values so).
+// of a 16-bit fragment (SpPpSoftmax::value reads bf16 dP's values so).
 TEST(Sm90Layouts, SoftmaxValueOrder) {
   using Cfg = SpPpConfig<cutlass::bfloat16_t, 128, true, 1>;
   using Shape2 = Shape<typename Cfg::BM, typename Cfg::BN>;

@@ -43,14 +43,6 @@ constexpr bool kSm90SpNoExchange = true;
 constexpr bool kSm90SpNoExchange = false;
 #endif
 
-// QKSOFTMAX_SM90_SP_WIDEN_AGAIN, an A/B build's knob (SpPpSoftmax::ds): dS widens dP to fp32 again, so that the
-// compiler does not keep the statistics' 64 fp32 values of dP live through the exchange.
-#ifdef QKSOFTMAX_SM90_SP_WIDEN_AGAIN
-constexpr bool kSm90SpWidenAgain = true;
-#else
-constexpr bool kSm90SpWidenAgain = false;
-#endif
-
 // QKSOFTMAX_SM90_SP_LATE_DQ, an A/B build's knob (SpPpConfig::kLateDq, with a dK warpgroup: defined, in clusters of
 // 4 and 8; =2, in clusters of 2 too): a block's dQ issued in its owner's next block of the tile, between that
 // block's pushes and its wait for the peers, and staged in the block's own dS buffer, from where the dK store thread

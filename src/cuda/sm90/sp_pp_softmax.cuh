@@ -156,12 +156,7 @@ struct SpPpSoftmax {
         CUTE_UNROLL
         for (int ci = 0; ci < kKeys; ++ci) {
           const float p = s(ri, ci);
-          float x;  // dP
-          if constexpr (kSm90SpWidenAgain) {
-            x = widened(dp, ri, ci);
-          } else {
-            x = value(dp, ri, ci);
-          }
+          const float x = value(dp, ri, ci);  // dP
           const float d = p * fmaf(x, f[ri], -fd[ri]);
           ds(ri, ci) = Element(kCut && p == 0.0f ? 0.0f : d);
         }
@@ -182,39 +177,15 @@ struct SpPpSoftmax {
   }
 
   // dP(ri, ci) in fp32. In bf16 from the bits of its 32-bit pair (pair_bits): the high value by one AND, where the
-  // conversion of the 16-bit value takes an extract and a shift; beside kSm90SpWidenAgain by `widened` (in plain C++
-  // the compiler would merge this conversion with dS's and keep the fp32 values live through the exchange again).
+  // conversion of the 16-bit value takes an extract and a shift.
   template <class DP>
   __device__ static float value(const DP& dp, int ri, int ci) {
-    if constexpr (kSm90SpWidenAgain) {
-      return widened(dp, ri, ci);
-    } else if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
+    if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
       const uint32_t bits = pair_bits(dp, ri, ci);
       return __uint_as_float(ci % 2 == 0 ? bits << 16 : bits & 0xffff0000u);
     } else {
       return float(dp(ri, ci));
     }
-  }
-
-  // kSm90SpWidenAgain: dP(ri, ci) widened to fp32 in a form of its own (inline PTX on its 32-bit pair, pair_bits),
-  // which the compiler does not merge with the statistics' conversion, so that it converts dP again here instead of
-  // keeping those 64 fp32 values live through the exchange (32 registers of the consumers' peak).
-  template <class DP>
-  __device__ static float widened(const DP& dp, int ri, int ci) {
-    const uint32_t bits = pair_bits(dp, ri, ci);
-    float y;
-    if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
-      if (ci % 2 == 0) {
-        asm volatile("prmt.b32 %0, %1, 0, 0x1044;" : "=f"(y) : "r"(bits));
-      } else {
-        asm volatile("and.b32 %0, %1, 0xffff0000;" : "=f"(y) : "r"(bits));
-      }
-    } else if (ci % 2 == 0) {
-      asm volatile("{ .reg .f16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, lo; }" : "=f"(y) : "r"(bits));
-    } else {
-      asm volatile("{ .reg .f16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, hi; }" : "=f"(y) : "r"(bits));
-    }
-    return y;
   }
 };
 

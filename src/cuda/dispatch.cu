@@ -65,22 +65,18 @@ bool sm90_single_pass(const Problem& prob) { return sm90_tma_ready(prob) && sm90
 // clusters of up to 2 serve deterministic calls. It is taken where its tiles, one cluster per (batch, key head),
 // fill the GPU or are short: with fewer CTAs than SMs and more than kSm90SpMaxSteps steps a tile, the row-block
 // tiles of the other backward kernels spread the work wider. Returns the cluster size, or 0 where not taken.
-// The largest clusters taken, by mask (H200, seed16 bf16, recompute, 2026-12-03, against the two-pass backward
-// in the same call): causal rows, in mirrored pairs of heads (KbTileOrder::pair_heads), 8 where there are at least
-// kSm90SpCausal8HeadsPerSm (batch, key head)s per SM, else 4: B8·S512 525.8 / 520.7 µs against 584.4 / 588.1,
-// B8·S1024 1693.7 / 1694.0 against 1808.3 / 1718.3 (two rounds each); at S = 1024 (2026-12-04, two rounds, bf16)
-// B2 433.3 / 433.6 against 448.7 / 448.0 (1.9 heads per SM), B4 842.6 / 841.6 against 855.9 / 854.9, but B1
-// 249.8 / 248.8 against 243.8 / 243.9 (0.97 heads per SM); unmasked rows, 8 (S = 1024 at B 1 / 2 / 4 / 8: 357.8 /
-// 689.5 / 1320.3 / 2589.2 µs against 358.4 / 693.6 / 1357.5 / 3015.5). QKSOFTMAX_SM90_SP_MAX_CLUSTER, where
-// defined, takes the place of both limits and of the heads' (an A/B build's knob).
+// The largest clusters taken, by mask (H200, seed16 bf16, recompute, against the two-pass backward in the same
+// call): causal rows, in mirrored pairs of heads (KbTileOrder::pair_heads), 8: B8·S512 525.8 / 520.7 µs against
+// 584.4 / 588.1, B8·S1024 1693.7 / 1694.0 against 1808.3 / 1718.3 (2026-12-03, two rounds each), B1·S1024 226.8 /
+// 228.0 against 245.3 / 243.0 (2026-12-04, bench/results/h200-v53-ab.log); unmasked rows, 8 (S = 1024 at B 1 / 2 /
+// 4 / 8: 357.8 / 689.5 / 1320.3 / 2589.2 µs against 358.4 / 693.6 / 1357.5 / 3015.5).
+// QKSOFTMAX_SM90_SP_MAX_CLUSTER, where defined, takes the place of both limits (an A/B build's knob).
 #ifdef QKSOFTMAX_SM90_SP_MAX_CLUSTER
 constexpr int kSm90SpMaxClusterCausal = QKSOFTMAX_SM90_SP_MAX_CLUSTER;
 constexpr int kSm90SpMaxClusterFull = QKSOFTMAX_SM90_SP_MAX_CLUSTER;
-constexpr int64_t kSm90SpCausal8HeadsPerSm = 0;
 #else
 constexpr int kSm90SpMaxClusterCausal = 8;
 constexpr int kSm90SpMaxClusterFull = 8;
-constexpr int64_t kSm90SpCausal8HeadsPerSm = 1;
 #endif
 constexpr int64_t kSm90SpMaxSteps = 64;
 constexpr int kSm90SpDeterministicMaxCluster = 2;
@@ -90,7 +86,6 @@ int sm90_sp_cluster(const Problem& prob, int sms) {
   const int64_t cluster = (prob.Sk + sm90::kSpBlockN - 1) / sm90::kSpBlockN;
   if (cluster & (cluster - 1)) return 0;  // 3, 5, 6, 7: not instantiated
   if (cluster > (prob.mask == Mask::kCausal ? kSm90SpMaxClusterCausal : kSm90SpMaxClusterFull)) return 0;
-  if (prob.mask == Mask::kCausal && cluster == 8 && prob.B * prob.Hk < kSm90SpCausal8HeadsPerSm * sms) return 0;
   // Causal clusters of 4 and 8 pay only with heads in pairs (one at a time they lost to the two passes: B8·S512 598.8
   // against 572.3 µs, B8·S1024 2358.6 against 1754.5), which the parities of some Sq < Sk shapes rule out.
   using SpOrder = sm90::KbTileOrder<int(sm90::kSpBlockM), int(sm90::kSpBlockN)>;  // (SpPpConfig::TileOrder)

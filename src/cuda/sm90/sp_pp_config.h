@@ -43,15 +43,6 @@ constexpr bool kSm90SpNoExchange = true;
 constexpr bool kSm90SpNoExchange = false;
 #endif
 
-// QKSOFTMAX_SM90_SP_LATE_DQ, an A/B build's knob (SpPpConfig::kLateDq, with a dK warpgroup: defined, in clusters of
-// 4 and 8; =2, in clusters of 2 too): a block's dQ issued in its owner's next block of the tile, between that
-// block's pushes and its wait for the peers, and staged in the block's own dS buffer, from where the dK store thread
-// stores it (docs/DESIGN.md, "dQ a block late").
-#ifdef QKSOFTMAX_SM90_SP_LATE_DQ
-constexpr int kSm90SpLateDqMinCluster = QKSOFTMAX_SM90_SP_LATE_DQ == 2 ? 2 : 4;
-#else
-constexpr int kSm90SpLateDqMinCluster = 0;  // (none)
-#endif
 
 // A consumer thread's release of a ring slot (`ring`: a PipelineTmaAsync's shared storage): one arrival on this
 // CTA's own empty barrier. CUTLASS's consumer_release, for a pipeline built for a cluster of one, arrives on the
@@ -252,16 +243,12 @@ struct SpPpConfig {
   // Q's readers that release its slots: both consumers (each reads every block's Q), or with a dK warpgroup the
   // block's owner (its S) and the dK warpgroup: 256 threads either way.
   static constexpr int kQReleasers = 2 * kWarpgroupThreads;
-  // QKSOFTMAX_SM90_SP_LATE_DQ's form: a block's dQ a block late, staged in the block's dS buffer once the dK
-  // warpgroup has read it (dk_read), and stored from there by the dK store thread (dq_staged), which then frees it.
-  static constexpr bool kLateDq = kSm90SpLateDqMinCluster > 0 && kDkWarpgroup && kCluster >= kSm90SpLateDqMinCluster;
-  // Arrivals that free a dS buffer: its owner's and the other consumer's, or the owner's and the dK warpgroup's
-  // (kLateDq: the dK store thread's, once its store of the dQ staged there has read it).
-  static constexpr int kDsReaders = kLateDq ? 1 : 2 * kWarpgroupThreads;
+  // Arrivals that free a dS buffer: its owner's and the other consumer's, or the owner's and the dK warpgroup's.
+  static constexpr int kDsReaders = 2 * kWarpgroupThreads;
   using Trace = NoTrace;  // the step micro-benchmark's configs time the phases (trace.h)
   // A consumer's statistics slots, per peer, by the parity of its exchanges with that peer: the peer pushes its
-  // x-th exchange of a consumer only after it received all of this CTA's (x − 1)-th, which each thread of this
-  // consumer pushes after its own reads of slot x − 2, so after every thread of it read that slot (a pair of CTAs
+  // x-th exchange of a consumer only after it received this CTA's (x − 1)-th, which this consumer's warpgroup
+  // pushes after its turn of exchange x − 2, so after every thread of it read slot x − 2 (a pair of CTAs
   // exchanges the same blocks, of the same consumer in each): two slots need no "empty" barrier.
   static constexpr int kStatsSlots = 2;
   // How a consumer combines its rows' partials (SpPpExchange::combine): every lane all of both its rows' (clusters
@@ -279,10 +266,7 @@ struct SpPpConfig {
   // other arrives) and the tile's last dS written (its owner arrives, the other syncs).
   static constexpr uint32_t kTurnBarrier = 0;  // + consumer
   static constexpr uint32_t kTileDsBarrier = kTurnBarrier + kConsumers;
-  // kLateDq: a consumer's dS of its tile's last block written, by all its warps, before its dQ product reads it
-  // (consumer w syncs kLastDsBarrier + w; elsewhere the turn's barrier comes between).
-  static constexpr uint32_t kLastDsBarrier = kTileDsBarrier + 1;
-  static_assert(kLastDsBarrier + kConsumers + cutlass::arch::NamedBarrier::ReservedNamedBarrierCount <=
+  static_assert(kTileDsBarrier + 1 + cutlass::arch::NamedBarrier::ReservedNamedBarrierCount <=
                     cutlass::arch::NamedBarrier::HardwareMaxNumNamedBarriers,
                 "the named barriers fit the hardware's 16 after CUTLASS's reserved ones");
 
@@ -305,8 +289,7 @@ struct SpPpConfig {
     // ... and its tile's dK written: staged in it, or stored from registers (every dK warpgroup thread arrives).
     alignas(8) uint64_t dk_full[kDkWarpgroup ? kKBuffers : 1];
     // By dS buffer: free for the dS of its next block, its block's three products done (every consumer thread
-    // arrives once its own are; with a dK warpgroup, the owner's and the dK warpgroup's threads; with kLateDq, the
-    // dK store thread once its store of the block's dQ, staged there, has read it).
+    // arrives once its own are; with a dK warpgroup, the owner's and the dK warpgroup's threads).
     alignas(8) uint64_t ds_free[kDsBuffers];
     // With a dK warpgroup, by dS buffer: its block's dS written (its owner's 128 threads arrive).
     alignas(8) uint64_t ds_full[kDkWarpgroup ? kDsBuffers : 1];
@@ -314,10 +297,6 @@ struct SpPpConfig {
     // (SpPpExchange), and the barrier its pushes complete.
     alignas(16) float2 stats[kCluster > 1 ? kConsumers * kPeers * kStatsSlots : 1][kBlockM];
     alignas(8) uint64_t stats_full[kCluster > 1 ? kConsumers * kPeers * kStatsSlots : 1];
-    // kLateDq, by dS buffer: its dS read by the dK warpgroup's product (its 128 threads arrive), and its block's dQ
-    // staged in it (the owner's 128 threads).
-    alignas(8) uint64_t dk_read[kLateDq ? kDsBuffers : 1];
-    alignas(8) uint64_t dq_staged[kLateDq ? kDsBuffers : 1];
   };
   static constexpr int kSmemBytes = int(sizeof(Storage));
   static_assert(kSmemBytes <= kSm90SmemPerCta, "the pingpong single pass's shared memory exceeds a CTA's 227 KB");

@@ -54,7 +54,7 @@ struct SpPpDkWarpgroup {
         trace.mark(PpDkTracePhase::kDsWait);
         warpgroup_mma<size<2>(decltype(tdKsdS.layout()){}), false>(mma_dk, tdKsdS(_, _, _, buf),
                                                                   tdKsQ(_, _, _, q_state.index()), tdKrdK);
-        cutlass::arch::ClusterBarrier::arrive(Cfg::kLateDq ? &st.dk_read[buf] : &st.ds_free[buf]);  // dS(g) read here
+        cutlass::arch::ClusterBarrier::arrive(&st.ds_free[buf]);  // dS(g) read here
         release_slot(st.q_pipe, q_state);
         trace.mark(PpDkTracePhase::kProduct);
         ++g;

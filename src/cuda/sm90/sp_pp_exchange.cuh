@@ -65,14 +65,6 @@ struct SpPpExchange {
   template <class Mark>
   __device__ void combine(uint32_t peers, const float2 (&mine)[kRows], const int (&rows)[kRows], int tid,
                           float (&top)[kRows], float (&sum)[kRows], float (&d)[kRows], Mark&& mark) {
-    push(peers, mine, rows, tid);
-    mark(PpTracePhase::kPush);
-    finish(peers, mine, rows, tid, top, sum, d, mark);
-  }
-
-  // combine's two halves, with other work between them where the caller has it (SpPpConfig::kLateDq): the pushes,
-  // then the wait for the peers' partials and their combination.
-  __device__ void push(uint32_t peers, const float2 (&mine)[kRows], const int (&rows)[kRows], int tid) const {
     // A row's lanes hold the same values: lane q of the quad pushes them to peers q, q + 4, … (the quad's four
     // lanes share the pushes).
     CUTE_UNROLL
@@ -87,11 +79,7 @@ struct SpPpExchange {
         push_f2(cluster_addr(smem_addr(&st.stats[at][rows[ri]]), uint32_t(r)), mine[ri], remote_full);
       }
     }
-  }
-
-  template <class Mark>
-  __device__ void finish(uint32_t peers, const float2 (&mine)[kRows], const int (&rows)[kRows], int tid,
-                         float (&top)[kRows], float (&sum)[kRows], float (&d)[kRows], Mark&& mark) {
+    mark(PpTracePhase::kPush);
     // Every peer's slot awaited in turn (thread 0 arriving on each, its bytes expected).
     CUTE_UNROLL
     for (int p = 0; p < kPeers; ++p) {

@@ -65,10 +65,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     for (int b = 0; b < Cfg::kDsBuffers; ++b) {
       cutlass::arch::ClusterBarrier::init(&st.ds_free[b], Cfg::kDsReaders);
       if constexpr (Cfg::kDkWarpgroup) cutlass::arch::ClusterBarrier::init(&st.ds_full[b], Cfg::kWarpgroupThreads);
-      if constexpr (Cfg::kLateDq) {
-        cutlass::arch::ClusterBarrier::init(&st.dk_read[b], Cfg::kWarpgroupThreads);
-        cutlass::arch::ClusterBarrier::init(&st.dq_staged[b], Cfg::kWarpgroupThreads);
-      }
     }
     if constexpr (Cfg::kCluster > 1) {
       for (auto& full : st.stats_full) Cfg::TxBarrier::init(&full, 1);  // (its consumer's arming arrival)

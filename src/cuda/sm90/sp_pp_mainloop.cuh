@@ -8,8 +8,7 @@
 //   as they complete: the Q slots handed back and both dS buffers announced read; dQ(j) staged in dP(j)'s slot
 //   and the slot handed back: the dP load thread stores dQ(j) from it by TMA before it loads the slot again.
 // In a cluster, the statistics of a block whose rows see keys of other CTAs are combined with theirs
-// (sp_pp_exchange.cuh) before dS. With Cfg::kLateDq (an A/B knob; clusters of 4 and 8) a block's turn comes between
-// its pushes and its wait for the peers and carries the dQ of the consumer's previous block instead (late_step).
+// (sp_pp_exchange.cuh) before dS.
 // S(j + 2) runs during the other consumer's element-wise work and turn, and each warpgroup's exponentials and
 // reductions under the other's products. At a tile's end the consumer that does not own the last block adds that
 // block's dK (its dS announced by kTileDsBarrier); each stores dK of its 64 keys.
@@ -107,14 +106,6 @@ struct SpPpMainloop {
       warpgroup_mma<size<2>(decltype(tSsQ.layout()){}), true, false>(mma_s, tSsQ(_, _, _, q_state.index()),
                                                                     tSsK(_, _, _, k_use.buffer), tSrS);
     };
-    // dS(j) into its buffer once block j − 3 is done with it (ds_free), fenced for the products that read it.
-    const auto store_ds = [&](int j, const FragS16& tSrdS) __attribute__((always_inline)) {
-      if (j >= Cfg::kDsBuffers) cutlass::arch::ClusterBarrier::wait(&st.ds_free[Cfg::ds_buffer(j)], Cfg::ds_phase(j - Cfg::kDsBuffers));
-      trace.mark(PpTracePhase::kDsFree);
-      store_tile_matrices<Cfg, kBlockM>(ds_at + uint32_t(Cfg::ds_buffer(j)) * kTileBytes,
-                                        typename Cfg::CopydS{}.get_thread_slice(tid).retile_S(tSrdS));
-      cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
-    };
     // This consumer's block j, row block `block`, of the tile's keys (from key n0), its S issued ahead; j_next: its
     // next block of the tile, whose S its turn issues, −1 where none; prev, last: the other consumer's block j − 1 is
     // of the tile, block j is the tile's last.
@@ -154,7 +145,12 @@ struct SpPpMainloop {
       FragS16 tSrdS;  // (MMA, 1, 1)
       softmax.ds(tSrS, tSrdP, cut, f, fd, tSrdS);
       trace.mark(PpTracePhase::kSoftmax);
-      store_ds(j, tSrdS);
+      // dS(j)'s buffer: block j − 3's products done.
+      if (j >= Cfg::kDsBuffers) cutlass::arch::ClusterBarrier::wait(&st.ds_free[Cfg::ds_buffer(j)], Cfg::ds_phase(j - Cfg::kDsBuffers));
+      trace.mark(PpTracePhase::kDsFree);
+      store_tile_matrices<Cfg, kBlockM>(ds_at + uint32_t(Cfg::ds_buffer(j)) * kTileBytes,
+                                        typename Cfg::CopydS{}.get_thread_slice(tid).retile_S(tSrdS));
+      cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
       if constexpr (kDkWarpgroup) {
         cutlass::arch::ClusterBarrier::arrive(&st.ds_full[Cfg::ds_buffer(j)]);  // (for the dK warpgroup)
       } else if (last) {
@@ -228,101 +224,6 @@ struct SpPpMainloop {
         turn(std::false_type{}, std::false_type{});
       }
     };
-    // Cfg::kLateDq: this consumer's block j as above, but with the dQ of its previous block of the tile (`pending`,
-    // −1 where none) issued in its turn, which comes between block j's pushes and its wait for the peers, so that
-    // the round trip runs under that product; dQ is staged in its block's dS buffer once the dK warpgroup has read
-    // it (dk_read) and stored from there by the dK store thread (dq_staged). dP(j) is read again for dS(j) (its slot
-    // handed back after that), so that the turn holds p(j) and dQ alone; S(j + 2) is issued once dS(j) is stored,
-    // and the tile's last block's dQ right after it.
-    const SpDqStore<Cfg> dq_in_ds{params, st.ds.data()};
-    constexpr int kLateDqBlocks = size<2>(decltype(tdQsdS.layout()){});
-    const auto late_dq = [&](int b, const KBufferUse<Cfg>& k_use, FragdQ& tdQrdQ) __attribute__((always_inline)) {
-      warpgroup_mma<kLateDqBlocks, true, false>(mma_dq, tdQsdS(_, _, _, Cfg::ds_buffer(b)),
-                                                tdQsK(_, _, _, k_use.buffer), tdQrdQ);
-    };
-    const auto stage_late_dq = [&](int b, const FragdQ& tdQrdQ) __attribute__((always_inline)) {
-      cutlass::arch::ClusterBarrier::wait(&st.dk_read[Cfg::ds_buffer(b)], Cfg::ds_phase(b));
-      dq_in_ds.stage(tdQrdQ, ds_at, Cfg::ds_buffer(b), tid);
-      cutlass::arch::ClusterBarrier::arrive(&st.dq_staged[Cfg::ds_buffer(b)]);  // (to the dK store thread)
-    };
-    int pending = -1;
-    const auto late_step = [&](int j, int j_next, int block, int64_t n0, const KBufferUse<Cfg>& k_use)
-                               __attribute__((always_inline)) {
-      const int64_t m0 = int64_t(block) * kBlockM;
-      const auto q_state = block_state<kQStages>(j);
-      const auto p_state = block_state<kPStages>(j);
-      const uint32_t dp_slot = dp_at + uint32_t(p_state.index()) * kTileBytes;
-      p_pipe.consumer_wait(p_state);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tSrS);
-      release_slot(st.q_pipe, q_state);  // its S done (dK reads it in its warpgroup)
-      const bool cut = softmax.cut(m0, n0);
-      float m[kRows], f[kRows], fd[kRows];  // (f, fd: l and u until the factors)
-      {
-        FragS16 tSrdP;  // (MMA, 1, 1)
-        load_tile_matrices<Cfg, kBlockM>(dp_slot, typename Cfg::CopydP{}.get_thread_slice(tid).retile_D(tSrdP));
-        trace.mark(PpTracePhase::kWaitS);
-        softmax.sums(tSrS, tSrdP, m0, n0, cut, m, f, fd);
-      }
-      trace.mark(PpTracePhase::kSums);
-      uint32_t peers = 0;
-      if constexpr (!kSm90SpNoExchange) peers = exchange.peers_of(block);
-      float2 mine[kRows];
-      CUTE_UNROLL
-      for (int ri = 0; ri < kRows; ++ri) mine[ri] = SpPpSoftmax<Cfg>::partial(m[ri], f[ri], fd[ri]);
-      if (peers != 0) exchange.push(peers, mine, rows, tid);
-      trace.mark(PpTracePhase::kPush);
-      // The turn: dQ of the previous block, awaited and staged, under the round trip.
-      cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kTurnBarrier + w);
-      trace.mark(PpTracePhase::kTurnWait);
-      if (pending >= 0) {
-        FragdQ tdQrdQ;  // (MMA, 1, 1) fp32
-        late_dq(pending, k_use, tdQrdQ);
-        cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTurnBarrier + other);
-        trace.mark(PpTracePhase::kIssue);
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tdQrdQ);
-        trace.mark(PpTracePhase::kWaitProducts);
-        stage_late_dq(pending, tdQrdQ);
-        trace.mark(PpTracePhase::kStoreDq);
-      } else {
-        cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTurnBarrier + other);
-      }
-      // The factors from the rows' partials (l and u are not kept through the turn: a lone CTA's rows take their
-      // own partial as the whole).
-      float top[kRows], sum[kRows], d[kRows];
-      if (peers != 0) {
-        exchange.finish(peers, mine, rows, tid, top, sum, d, [&](PpTracePhase phase) { trace.mark(phase); });
-        trace.mark(PpTracePhase::kCombine);
-      } else {
-        CUTE_UNROLL
-        for (int ri = 0; ri < kRows; ++ri) top[ri] = mine[ri].x, sum[ri] = 1.0f, d[ri] = mine[ri].y;
-      }
-      softmax.factors_of(m, top, sum, d, f, fd);
-      FragS16 tSrdS;  // (MMA, 1, 1)
-      {
-        FragS16 tSrdP;  // (MMA, 1, 1): dP(j) again
-        load_tile_matrices<Cfg, kBlockM>(dp_slot, typename Cfg::CopydP{}.get_thread_slice(tid).retile_D(tSrdP));
-        softmax.ds(tSrS, tSrdP, cut, f, fd, tSrdS);
-      }
-      release_slot(st.p_pipe, p_state);
-      trace.mark(PpTracePhase::kSoftmax);
-      store_ds(j, tSrdS);
-      cutlass::arch::ClusterBarrier::arrive(&st.ds_full[Cfg::ds_buffer(j)]);  // (for the dK warpgroup)
-      trace.mark(PpTracePhase::kStoreDs);
-      if (j_next >= 0) {
-        issue_s(j_next, k_use);
-        pending = j;
-      } else {  // the tile's last block of this consumer: its dQ now, once all its warps have written dS
-        cutlass::arch::NamedBarrier::sync(Cfg::kWarpgroupThreads, Cfg::kLastDsBarrier + w);
-        FragdQ tdQrdQ;  // (MMA, 1, 1) fp32
-        late_dq(j, k_use, tdQrdQ);
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tdQrdQ);
-        stage_late_dq(j, tdQrdQ);
-        pending = -1;
-      }
-    };
     // The turns run on across tiles: consumer 0 takes the CTA's first.
     if (w == 1) cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTurnBarrier + 0);
     KbTileReader<Cfg> tiles(params, st);
@@ -351,11 +252,7 @@ struct SpPpMainloop {
         const int block = at.block;
         work.advance(at);
         work.advance(at);  // (at: this consumer's next block)
-        if constexpr (Cfg::kLateDq) {
-          late_step(j, j + 2 < g_end ? j + 2 : -1, block, work.n0, k_use);
-        } else {
-          block_step(j, j + 2 < g_end ? j + 2 : -1, block, work.n0, k_use, j > g0, j + 1 == g_end);
-        }
+        block_step(j, j + 2 < g_end ? j + 2 : -1, block, work.n0, k_use, j > g0, j + 1 == g_end);
       }
       g = g_end;
       if (work.steps > 0) {

@@ -6,8 +6,7 @@
 //   the dP thread reads the tiles from the ring and loads per block dP into the next slot of the dP ring, after
 //   storing the dQ that the slot's previous block left in it;
 //   with a dK warpgroup, the dK store thread reads the tiles from the ring and stores each tile's dK from the K
-//   buffer where the dK warpgroup staged it, then hands the buffer back to the load thread (kLateDq: before it,
-//   each block's dQ from the block's dS buffer, which it then frees).
+//   buffer where the dK warpgroup staged it, then hands the buffer back to the load thread.
 // Separate threads, so that neither ring waits on the other: a Q slot is freed a turn later than its block's dP
 // slot.
 #pragma once
@@ -95,7 +94,7 @@ struct SpPpProducer {
     auto state = cutlass::make_producer_start_state<typename Cfg::PPipeline>();
     // Slot `state`'s block of the ring's previous round (if any): its dQ stored, its read awaited.
     const auto store_previous = [&](const cutlass::PipelineState<Cfg::kPStages>& at) {
-      if (Cfg::kLateDq || at.count() < uint32_t(Cfg::kPStages)) return;  // (kLateDq: dQ is staged in dS's buffers)
+      if (at.count() < uint32_t(Cfg::kPStages)) return;
       const int32_t* block = st.dq_block[at.index()];
       dq_out.store(at.index(), block[0], block[1], block[2], Cfg::kCluster > 1 ? block[3] : 0);
       tma_store_wait<0>();
@@ -128,22 +127,10 @@ struct SpPpProducer {
     Tensor sK = make_tensor(make_smem_ptr(st.k.data()), typename Cfg::SmemLayoutKB{});  // (BN, D, KB)
     Tensor mdK = params.tma_dk.get_tma_tensor(make_shape(int32_t(prob.Sk), HD{}, int32_t(prob.Hk), int32_t(prob.B)));
     int k_loads = 0;  // tiles with blocks so far
-    [[maybe_unused]] int g = 0;  // the CTA's blocks so far (kLateDq)
-    [[maybe_unused]] const SpDqStore<Cfg> dq_out{params, st.ds.data()};
     KbTileReader<Cfg> tiles(params, st);
     for (KbTile tile; tiles.next(tile);) {
       const KbWork<Cfg> work(params.order, tile);
       if (work.steps == 0) continue;  // (no K loaded; the dK warpgroup stores its zeros)
-      if constexpr (Cfg::kLateDq) {  // each block's dQ, staged in its dS buffer, stored; the buffer then freed
-        tile_blocks(work, [&](int64_t h, int mb) {
-          const int buf = Cfg::ds_buffer(g);
-          cutlass::arch::ClusterBarrier::wait(&st.dq_staged[buf], Cfg::ds_phase(g));
-          dq_out.store(buf, int32_t(work.b), int32_t(h), mb, work.nb);
-          tma_store_wait<0>();  // (its read of the buffer)
-          cutlass::arch::ClusterBarrier::arrive(&st.ds_free[buf]);
-          ++g;
-        });
-      }
       const KBufferUse<Cfg> use(k_loads++);
       cutlass::arch::ClusterBarrier::wait(&st.dk_full[use.buffer], use.phase);
       if (!params.dk_by_tma) {

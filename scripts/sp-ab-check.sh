@@ -3,7 +3,8 @@
 # entries, ';'-separated; an empty flags part is the control; "name@dir=flags" builds the sources in dir, such as
 # an earlier revision's `git archive` under build/, carried), each with its kernel tests, step benchmark and
 # bench, in parallel; then per variant: the pingpong kernel tests (GpuSp*: its variants, clusters, dK's stores), the
-# step benchmark with its trace, and the seed16 recompute suite (causal bf16, fp16; unmasked bf16), in turns
+# step benchmark with its trace (SKIP=step: none), and the seed16 suite in MODE (recompute unless given; causal bf16,
+# fp16; unmasked bf16), in turns
 # (A B A B…) so that the machine's drift shows as such. At most 8 files come back from a device call: each
 # variant's results files (seed16 causal, step) and one log archive go to $OUT: three variants at most. Builds share
 # the 16 cores: three trees with the kernel tests in two of them ran past the 330 s build limit (2026-12-04), so
@@ -20,6 +21,7 @@ BUDGET_S=${BUDGET_S:-540}
 AB=${AB:-"main=;nopairs=-DQKSOFTMAX_SM90_SP_NO_PAIRS"}
 UNTESTED=${UNTESTED:-}  # variants whose kernel tests are skipped (their kernels are another variant's)
 SKIP=${SKIP:-}
+MODE=${MODE:-recompute}  # the bench's --mode: recompute or saved_p
 BENCH_FAILED=${BENCH_FAILED:-}  # non-empty: variants whose kernel tests fail are benchmarked all the same
 # shellcheck source=scripts/device_stages.sh
 source scripts/device_stages.sh
@@ -54,15 +56,17 @@ done
 for round in 1 2; do
   to=$LOGS; [ $round = 2 ] && to=$OUT  # (the first round's files in the archive, the second's beside it)
   for name in "${passed[@]}"; do
-    stage "step-$name-$round" 60 "build/ab-$name/bench/qksoftmax-step" --trace "$to/h200-step-$name.json"
-    grep -E "^kb single_pass" "$LOGS/step-$name-$round.log" | sed "s/^/$name $round: /"
-    stage "seed16-$name-$round" 60 "build/ab-$name/bench/qksoftmax-bench" --suite seed16 --mode recompute \
+    if ! skipped step; then
+      stage "step-$name-$round" 60 "build/ab-$name/bench/qksoftmax-step" --trace "$to/h200-step-$name.json"
+      grep -E "^kb single_pass" "$LOGS/step-$name-$round.log" | sed "s/^/$name $round: /"
+    fi
+    stage "seed16-$name-$round" 60 "build/ab-$name/bench/qksoftmax-bench" --suite seed16 --mode "$MODE" \
       --dtype bf16,fp16 --impl qksoftmax --json "$to/h200-seed16-$name.json" &&
       suite "$to/h200-seed16-$name.json" | sed "s/^/$round: /"
   done
 done
 for name in "${passed[@]}"; do
-  stage "seed16-nomask-$name" 60 "build/ab-$name/bench/qksoftmax-bench" --suite seed16 --mode recompute \
+  stage "seed16-nomask-$name" 60 "build/ab-$name/bench/qksoftmax-bench" --suite seed16 --mode "$MODE" \
     --dtype bf16 --impl qksoftmax --no-mask --json "$LOGS/h200-seed16-nomask-$name.json" &&
     suite "$LOGS/h200-seed16-nomask-$name.json"
 done

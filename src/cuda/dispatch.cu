@@ -25,9 +25,9 @@ bool sm90_backward_shape(const Problem& prob) {
 }
 // The row-block single pass (sm90/bwd_config.h, given TMA-ready tensors) sums in a fixed order: it serves the
 // deterministic calls of up to kSm90SinglePassMaxSk keys that the pingpong single pass (sm90_sp_cluster) does not
-// take, and rows that one CTA holds in saved-P mode or with few long tiles (H200, seed16 bf16, 2026-12-01:
-// 0.65-0.82x the two-pass time at S = 128, 0.92-1.09x at 256 and 1.4-2.4x at 512 and 1024 in clusters of 4 and 8
-// CTAs); longer rows take the two-pass backward.
+// take, and the rows that one CTA holds which that pass leaves (few long tiles) (H200, seed16 bf16, 2026-12-01:
+// 0.65-0.82x the two-pass time at S = 128, 0.92-1.09x at 256 and 1.4-2.4x at 512 and 1024 in clusters of 4 and
+// 8 CTAs); longer rows take the two-pass backward.
 constexpr int64_t kSm90SinglePassDefaultMaxSk = 128;
 bool sm90_single_pass_fits(const Problem& prob) {
   return prob.Sk <= (prob.deterministic ? kSm90SinglePassMaxSk : kSm90SinglePassDefaultMaxSk);
@@ -57,8 +57,8 @@ bool sm90_tma_ready(const Problem& prob) {
 // The backward that run gives the single pass (whatever it then finds, it launches nothing else).
 bool sm90_single_pass(const Problem& prob) { return sm90_tma_ready(prob) && sm90_single_pass_fits(prob); }
 
-// The pingpong single pass (sm90/sp_pp_config.h) takes recompute rows of up to 1024 keys with dQ in TMA's reach
-// (a given LSE is not read: the pass computes its own statistics, as it must for D anyway), in clusters of
+// The pingpong single pass (sm90/sp_pp_config.h) takes rows of up to 1024 keys with dQ in TMA's reach, recompute
+// (a given LSE is not read: the pass computes its own statistics, as it must for D anyway) or saved-P, in clusters of
 // C = 1, 2, 4 or 8 CTAs, CTA r holding keys [128 r, 128 r + 128) of a (batch, key head): rows of up to 128, 129
 // to 256, 385 to 512 and 897 to 1024 keys (other lengths: the two-pass backward). A cluster's CTAs add their dQ
 // parts into dQ in the order they finish: the same sum in either order for two parts added into zero, so only
@@ -81,7 +81,7 @@ constexpr int kSm90SpMaxClusterFull = 8;
 constexpr int64_t kSm90SpMaxSteps = 64;
 constexpr int kSm90SpDeterministicMaxCluster = 2;
 int sm90_sp_cluster(const Problem& prob, int sms) {
-  if (prob.mode != BackwardMode::kRecompute || prob.Sk > kSm90SinglePassMaxSk) return 0;
+  if (prob.Sk > kSm90SinglePassMaxSk) return 0;
   if (!tma_compatible(prob.dq, dtype_size(prob.dtype))) return 0;  // dQ stored (or added) by TMA
   const int64_t cluster = (prob.Sk + sm90::kSpBlockN - 1) / sm90::kSpBlockN;
   if (cluster & (cluster - 1)) return 0;  // 3, 5, 6, 7: not instantiated
@@ -95,12 +95,12 @@ int sm90_sp_cluster(const Problem& prob, int sms) {
   return prob.B * prob.Hk * cluster >= sms || steps <= kSm90SpMaxSteps ? int(cluster) : 0;
 }
 
-template <class T, int HD>
+template <class T, int HD, bool kSavedP>
 Status run_sm90_sp(const Problem& prob, int cluster, CUstream_st* stream) {
   switch (cluster) {
 #define QKSOFTMAX_SM90_SP_CASE(T_, HD_, C) \
     case C:                                 \
-      return run_sm90_single_pass<sm90::SpPpConfig<T_, HD_, true, C>>(prob, stream);
+      return run_sm90_single_pass<sm90::SpPpConfig<T_, HD_, true, C, kSavedP>>(prob, stream);
     QKSOFTMAX_SM90_SP_CLUSTERS(QKSOFTMAX_SM90_SP_CASE, T, HD)
 #undef QKSOFTMAX_SM90_SP_CASE
   }
@@ -150,7 +150,8 @@ Status run(const Problem& prob, void* workspace, CUstream_st* stream) {
   if (const int cluster = sm90_tma_ready(prob) ? sm90_sp_cluster(prob, device->sm_count) : 0; cluster > 0) {
 #define QKSOFTMAX_DISPATCH_SM90_SP(T, HD)                                               \
     if (prob.dtype == ElementTraits<T>::kDType && prob.D == HD) {                      \
-      return run_sm90_sp<T, HD>(prob, cluster, stream);                                \
+      return prob.mode == BackwardMode::kSavedP ? run_sm90_sp<T, HD, true>(prob, cluster, stream)    \
+                                                : run_sm90_sp<T, HD, false>(prob, cluster, stream);  \
     }
     QKSOFTMAX_SM90_CONFIGS(QKSOFTMAX_DISPATCH_SM90_SP)
 #undef QKSOFTMAX_DISPATCH_SM90_SP

@@ -23,7 +23,7 @@ struct KbConfig;
 template <class Element_, int kHeadDim_, bool kSavedP_>
 struct BwdConfig;
 // (dispatched with the dK warpgroup, in one CTA)
-template <class Element_, int kHeadDim_, bool kDkWarpgroup_ = true, int kCluster_ = 1>
+template <class Element_, int kHeadDim_, bool kDkWarpgroup_ = true, int kCluster_ = 1, bool kSavedP_ = false>
 struct SpPpConfig;
 template <class Element_, int kHeadDim_>
 struct ForwardConfig;
@@ -84,13 +84,17 @@ Status run_sm90_single_pass(const Problem& prob, CUstream_st* stream, bool clear
 template <class SpCfg>
 int sm90_single_pass_resident_clusters();
 #define QKSOFTMAX_SM90_SP_CLUSTERS(X, T, HD) X(T, HD, 1) X(T, HD, 2) X(T, HD, 4) X(T, HD, 8)
-#define QKSOFTMAX_DECLARE_SM90_SP_CLUSTER(T, HD, C)                                                                   \
-  extern template Status run_sm90_single_pass<sm90::SpPpConfig<T, HD, true, C>>(const Problem&, CUstream_st*, bool); \
-  extern template int sm90_single_pass_resident_clusters<sm90::SpPpConfig<T, HD, true, C>>();
+#define QKSOFTMAX_DECLARE_SM90_SP_MODE(T, HD, C, SAVED_P)                                                         \
+  extern template Status run_sm90_single_pass<sm90::SpPpConfig<T, HD, true, C, SAVED_P>>(const Problem&,         \
+                                                                                          CUstream_st*, bool);   \
+  extern template int sm90_single_pass_resident_clusters<sm90::SpPpConfig<T, HD, true, C, SAVED_P>>();
+#define QKSOFTMAX_DECLARE_SM90_SP_CLUSTER(T, HD, C) \
+  QKSOFTMAX_DECLARE_SM90_SP_MODE(T, HD, C, false) QKSOFTMAX_DECLARE_SM90_SP_MODE(T, HD, C, true)
 #define QKSOFTMAX_DECLARE_SM90_SP(T, HD) QKSOFTMAX_SM90_SP_CLUSTERS(QKSOFTMAX_DECLARE_SM90_SP_CLUSTER, T, HD)
 QKSOFTMAX_SM90_CONFIGS(QKSOFTMAX_DECLARE_SM90_SP)
 #undef QKSOFTMAX_DECLARE_SM90_SP
 #undef QKSOFTMAX_DECLARE_SM90_SP_CLUSTER
+#undef QKSOFTMAX_DECLARE_SM90_SP_MODE
 
 // The single-pass (cluster) backward takes rows of up to this many keys (a portable cluster of 8 CTAs × 128
 // keys); the two-pass backward takes longer rows.

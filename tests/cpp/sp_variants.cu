@@ -12,26 +12,36 @@ namespace qksoftmax::test {
 
 Status run_single_pass(const Problem& prob, SpForm form, CUstream_st* stream) {
   using cuda::sm90::SpPpConfig;
+  const bool saved_p = prob.mode == BackwardMode::kSavedP;
+  if (saved_p && form != SpForm::kDispatched) return {Code::kInternal, "saved-P: the dispatched form only"};
   switch (form) {
     case SpForm::kDispatched:
-      return cuda::run_sm90_single_pass<SpPpConfig<cutlass::bfloat16_t, 128>>(prob, stream);
+      return run_single_pass_cluster(prob, 1, stream);
     case SpForm::kThreeWarpgroups:
       return cuda::run_sm90_single_pass<SpPpConfig<cutlass::bfloat16_t, 128, false>>(prob, stream);
   }
   return {Code::kInternal, "unknown single-pass form"};
 }
 
-// The library's instance of clusters of `cluster` CTAs for element type T (sm90_instances.h).
+// The library's instance of clusters of `cluster` CTAs (1: one CTA) for element type T (sm90_instances.h), in prob's
+// mode.
 template <class T>
 Status cluster_instance(const Problem& prob, int cluster, CUstream_st* stream) {
   using cuda::sm90::SpPpConfig;
+  const bool saved_p = prob.mode == BackwardMode::kSavedP;
   switch (cluster) {
+    case 1:
+      return saved_p ? cuda::run_sm90_single_pass<SpPpConfig<T, 128, true, 1, true>>(prob, stream)
+                     : cuda::run_sm90_single_pass<SpPpConfig<T, 128, true, 1>>(prob, stream);
     case 2:
-      return cuda::run_sm90_single_pass<SpPpConfig<T, 128, true, 2>>(prob, stream);
+      return saved_p ? cuda::run_sm90_single_pass<SpPpConfig<T, 128, true, 2, true>>(prob, stream)
+                     : cuda::run_sm90_single_pass<SpPpConfig<T, 128, true, 2>>(prob, stream);
     case 4:
-      return cuda::run_sm90_single_pass<SpPpConfig<T, 128, true, 4>>(prob, stream);
+      return saved_p ? cuda::run_sm90_single_pass<SpPpConfig<T, 128, true, 4, true>>(prob, stream)
+                     : cuda::run_sm90_single_pass<SpPpConfig<T, 128, true, 4>>(prob, stream);
     case 8:
-      return cuda::run_sm90_single_pass<SpPpConfig<T, 128, true, 8>>(prob, stream);
+      return saved_p ? cuda::run_sm90_single_pass<SpPpConfig<T, 128, true, 8, true>>(prob, stream)
+                     : cuda::run_sm90_single_pass<SpPpConfig<T, 128, true, 8>>(prob, stream);
   }
   return {Code::kInternal, "no single pass in clusters of " + std::to_string(cluster)};
 }

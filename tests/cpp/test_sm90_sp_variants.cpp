@@ -1,7 +1,8 @@
 // The pingpong single pass (src/cuda/sm90/sp_pp_config.h) through its internal entry point (sp_variants.cu), as
 // dispatched (with a dK warpgroup) and with dK held by its consumers, with the Problem built here from the test's
 // tensors, on shapes the public API would also send it: each against the CPU backend, and all bit for bit against
-// the first run; and in clusters of 2, 4 and 8 CTAs (rows of up to 1024 keys), against the CPU backend.
+// the first run; and in clusters of 2, 4 and 8 CTAs (rows of up to 1024 keys), against the CPU backend; recompute
+// and saved-P (P given: each case's variant).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,9 +20,17 @@ namespace {
 
 Operand operand(const TensorDesc& t) { return {t.data, t.stride[0], t.stride[1], t.stride[2], t.stride[3]}; }
 
-// The Problem of a recompute backward of case c on the given device tensors.
-Problem sp_problem(const Case& c, const TensorDesc& q, const TensorDesc& k, const TensorDesc& dp,
-                   const TensorDesc& dq, const TensorDesc& dk) {
+// A case's inputs on the device (P in saved-P).
+struct DeviceInputs {
+  explicit DeviceInputs(const Inputs& in) : q(in.q), k(in.k), dp(in.dp) {
+    if (in.p) p.emplace(*in.p);
+  }
+  DeviceTensor q, k, dp;
+  std::optional<DeviceTensor> p;
+};
+
+// The Problem of a backward of case c (recompute, or saved-P where c's variant is) on the given device tensors.
+Problem sp_problem(const Case& c, const DeviceInputs& in, const TensorDesc& dq, const TensorDesc& dk) {
   Problem prob;
   prob.pass = Pass::kBackward;
   prob.B = c.B, prob.Hq = c.Hq, prob.Hk = c.Hk, prob.Sq = c.Sq, prob.Sk = c.Sk, prob.D = c.D;
@@ -31,25 +40,26 @@ Problem sp_problem(const Case& c, const TensorDesc& q, const TensorDesc& k, cons
   EXPECT_EQ(cudaGetDevice(&device), cudaSuccess);
   prob.device_index = device;
   prob.mask = c.mask;
-  prob.mode = BackwardMode::kRecompute;
+  prob.mode = c.variant == Variant::kSavedP ? BackwardMode::kSavedP : BackwardMode::kRecompute;
   prob.scale = float(c.scale.value_or(1.0 / std::sqrt(double(c.D))));
   prob.scale_f64 = c.scale.value_or(1.0 / std::sqrt(double(c.D)));
-  prob.q = operand(q), prob.k = operand(k), prob.dp = operand(dp), prob.dq = operand(dq), prob.dk = operand(dk);
+  prob.q = operand(in.q.desc()), prob.k = operand(in.k.desc()), prob.dp = operand(in.dp.desc());
+  if (in.p) prob.p = operand(in.p->desc());
+  prob.dq = operand(dq), prob.dk = operand(dk);
   return prob;
 }
 
 // One run of `launch` (a Problem and a stream to a Status) of case c into freshly poisoned dQ and dK (dK in
 // `dk_layout` where given), downloaded into a new entry of `outs`.
 template <class Launch>
-void run_poisoned(const Case& c, const DeviceTensor& q, const DeviceTensor& k, const DeviceTensor& dp,
-                  CUstream_st* stream, const Launch& launch, std::vector<Outputs>& outs,
-                  std::optional<Layout> dk_layout = std::nullopt) {
+void run_poisoned(const Case& c, const DeviceInputs& in, CUstream_st* stream, const Launch& launch,
+                  std::vector<Outputs>& outs, std::optional<Layout> dk_layout = std::nullopt) {
   Outputs& out = outs.emplace_back(c, c.dtype, c.output_layout());
   if (dk_layout) out.dk = HostTensor(c.dtype, c.k_shape(), *dk_layout);
   DeviceTensor dq(out.dq), dk(out.dk);
   dq.poison();
   dk.poison();
-  const Status s = launch(sp_problem(c, q.desc(), k.desc(), dp.desc(), dq.desc(), dk.desc()), stream);
+  const Status s = launch(sp_problem(c, in, dq.desc(), dk.desc()), stream);
   ASSERT_TRUE(s.ok()) << s.message();
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   for (auto [from, to] : {std::pair{&dq, &out.dq}, {&dk, &out.dk}}) {
@@ -82,11 +92,11 @@ TEST_P(GpuSpVariants, AgainstCpuAndEachOther) {
   constexpr SpForm kForms[] = {SpForm::kDispatched, SpForm::kDispatched, SpForm::kThreeWarpgroups};
   constexpr const char* kNames[] = {"as dispatched", "as dispatched, again", "three warpgroups"};
   const Stream stream;
-  DeviceTensor q(in.q), k(in.k), dp(in.dp);
+  const DeviceInputs dev(in);
   std::vector<Outputs> outs;
   outs.reserve(std::size(kForms));
   for (SpForm form : kForms) {
-    run_poisoned(c, q, k, dp, stream.get(),
+    run_poisoned(c, dev, stream.get(),
                  [form](const Problem& prob, CUstream_st* s) { return run_single_pass(prob, form, s); }, outs);
     ASSERT_FALSE(HasFatalFailure()) << kNames[outs.size() - 1];
   }
@@ -121,25 +131,25 @@ INSTANTIATE_TEST_SUITE_P(Edges, GpuSpVariants, ::testing::ValuesIn(variant_cases
 // The pingpong single pass in clusters (src/cuda/sm90/sp_pp_exchange.cuh): C = Sk / 128 CTAs (rounded up) of 128
 // keys each, every row block's statistics combined over the CTAs whose keys it sees, dQ added by each into dQ
 // cleared before where CTAs share the block, stored by the CTA of key block 0 where it alone sees it (causal: rows
-// before 128).
-// Against the CPU backend; run twice, dK bit for bit (each CTA's own keys, a fixed order) and, in
-// clusters of two, dQ too (two partials added into zero: the same in either order).
+// before 128); C = 1, one CTA as dispatched.
+// Against the CPU backend; run twice, dK bit for bit (each CTA's own keys, a fixed order) and, in one CTA or
+// clusters of two, dQ too (stored once, or two partials added into zero: the same in either order).
 void check_cluster(const Case& c, const Inputs& in) {
   const int cluster = int((c.Sk + 127) / 128);
   constexpr const char* kNames[] = {"first run", "second run"};
   const Stream stream;
-  DeviceTensor q(in.q), k(in.k), dp(in.dp);
+  const DeviceInputs dev(in);
   std::vector<Outputs> outs;
   outs.reserve(std::size(kNames));
   for (size_t run = 0; run < std::size(kNames); ++run) {
-    run_poisoned(c, q, k, dp, stream.get(),
+    run_poisoned(c, dev, stream.get(),
                  [cluster](const Problem& prob, CUstream_st* s) { return run_single_pass_cluster(prob, cluster, s); },
                  outs);
     ASSERT_FALSE(::testing::Test::HasFatalFailure()) << kNames[run];
   }
   expect_close_to_cpu(c, in, outs, kNames);
   EXPECT_TRUE(bitwise_equal(outs[0].dk, outs[1].dk)) << "dk";
-  if (cluster == 2) {
+  if (cluster <= 2) {
     EXPECT_TRUE(bitwise_equal(outs[0].dq, outs[1].dq)) << "dq";
   }
 }
@@ -236,12 +246,12 @@ TEST_P(GpuSpDkOutOfTmaReach, SameAsByTma) {
   const Inputs in = make_inputs(c, test_seed());
   constexpr const char* kNames[] = {"dK by TMA", "dK from registers"};
   const Stream stream;
-  DeviceTensor q(in.q), k(in.k), dp(in.dp);
+  const DeviceInputs dev(in);
   std::vector<Outputs> outs;
   outs.reserve(std::size(kNames));
-  run_poisoned(c, q, k, dp, stream.get(), launch, outs);
+  run_poisoned(c, dev, stream.get(), launch, outs);
   ASSERT_FALSE(HasFatalFailure()) << kNames[0];
-  run_poisoned(c, q, k, dp, stream.get(), launch, outs, Layout::kOddPaddedRows);
+  run_poisoned(c, dev, stream.get(), launch, outs, Layout::kOddPaddedRows);
   ASSERT_FALSE(HasFatalFailure()) << kNames[1];
   expect_close_to_cpu(c, in, outs, kNames);
   int64_t differ = 0;
@@ -261,6 +271,52 @@ INSTANTIATE_TEST_SUITE_P(Edges, GpuSpDkOutOfTmaReach,
                                            Case{.B = 1, .Hq = 2, .Hk = 2, .Sq = 256, .Sk = 256, .D = 128},
                                            Case{.B = 1, .Hq = 2, .Hk = 1, .Sq = 200, .Sk = 456, .D = 128,
                                                 .mask = Mask::kNone}),
+                         param_name);
+
+// Saved-P (P given, NaN in its masked positions as in dP's): P read into the block's dS buffer, D = Σ P · dP over
+// the cluster's keys. One CTA and clusters of 2, 4 and 8 through check_cluster:
+// causal and unmasked, grouped query heads, cut blocks (keys past Sk, rows past Sq, Sq < Sk), a negative scale
+// (dS carries the signed scale in bf16), more tiles than SMs (every dS buffer and dP slot reused), fp16; and dP close
+// to D, where D's sum over the cluster must be exact to the fp32 bracket.
+class GpuSpSavedP : public GpuTest, public ::testing::WithParamInterface<Case> {};
+
+TEST_P(GpuSpSavedP, AgainstCpuAndItself) { check_cluster(GetParam(), make_inputs(GetParam(), test_seed())); }
+
+std::vector<Case> saved_p_cases() {
+  const int64_t wide = small_shapes() ? 40 : 150;
+  constexpr Variant kP = Variant::kSavedP;
+  return {{.B = 2, .Hq = wide, .Hk = wide, .Sq = 128, .Sk = 128, .D = 128, .variant = kP},
+          {.B = 2, .Hq = 8, .Hk = 1, .Sq = 128, .Sk = 128, .D = 128, .variant = kP},
+          {.B = 3, .Hq = 4, .Hk = 2, .Sq = 65, .Sk = 8, .D = 128, .variant = kP},
+          {.B = 1, .Hq = 3, .Hk = 3, .Sq = 1, .Sk = 72, .D = 128, .mask = Mask::kNone, .variant = kP, .scale = -0.3},
+          {.B = 1, .Hq = 2, .Hk = 2, .Sq = 192, .Sk = 128, .D = 128, .dtype = DType::kFloat16, .mask = Mask::kNone,
+           .variant = kP},
+          {.B = 2, .Hq = 4, .Hk = 2, .Sq = 256, .Sk = 256, .D = 128, .variant = kP},
+          {.B = 1, .Hq = 2, .Hk = 1, .Sq = 100, .Sk = 256, .D = 128, .variant = kP, .scale = -0.2},
+          {.B = 2, .Hq = wide, .Hk = wide, .Sq = 256, .Sk = 256, .D = 128, .variant = kP},
+          {.B = 2, .Hq = 2, .Hk = 2, .Sq = 504, .Sk = 504, .D = 128, .mask = Mask::kNone, .variant = kP},
+          {.B = 1, .Hq = 4, .Hk = 2, .Sq = 300, .Sk = 448, .D = 128, .variant = kP},
+          {.B = 1, .Hq = 2, .Hk = 2, .Sq = 512, .Sk = 512, .D = 128, .dtype = DType::kFloat16, .variant = kP},
+          {.B = 1, .Hq = 2, .Hk = 1, .Sq = 1024, .Sk = 1024, .D = 128, .variant = kP},
+          {.B = 1, .Hq = 3, .Hk = 3, .Sq = 1024, .Sk = 1024, .D = 128, .variant = kP},
+          {.B = 1, .Hq = 2, .Hk = 2, .Sq = 1000, .Sk = 1000, .D = 128, .mask = Mask::kNone, .variant = kP},
+          {.B = 1, .Hq = 2, .Hk = 2, .Sq = 1024, .Sk = 1024, .D = 128, .dtype = DType::kFloat16, .variant = kP}};
+}
+
+INSTANTIATE_TEST_SUITE_P(Edges, GpuSpSavedP, ::testing::ValuesIn(saved_p_cases()), param_name);
+
+class GpuSpSavedPDpCloseToD : public GpuTest, public ::testing::WithParamInterface<Case> {};
+
+TEST_P(GpuSpSavedPDpCloseToD, AgainstCpuAndItself) {
+  check_cluster(GetParam(), inputs_with_dp_close_to_d(GetParam(), test_seed()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Edges, GpuSpSavedPDpCloseToD,
+                         ::testing::Values(Case{.B = 1, .Hq = 2, .Hk = 1, .Sq = 1024, .Sk = 1024, .D = 128,
+                                                .variant = Variant::kSavedP},
+                                           Case{.B = 1, .Hq = 2, .Hk = 2, .Sq = 512, .Sk = 512, .D = 128,
+                                                .dtype = DType::kFloat16, .mask = Mask::kNone,
+                                                .variant = Variant::kSavedP}),
                          param_name);
 
 }  // namespace

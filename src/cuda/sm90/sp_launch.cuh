@@ -1,5 +1,5 @@
 // Host side of the pingpong single pass (sp_pp_config.h): rows of up to 128 keys (one CTA) or 128·C (clusters of
-// C CTAs), recompute mode; the step loads as the key-block pass's (kb_loads), the tile order (kb_scheduler.h: a
+// C CTAs), recompute or saved-P mode (an instance each); the step loads as the key-block pass's (kb_loads), the tile order (kb_scheduler.h: a
 // (batch, key head)'s key blocks consecutive, one per CTA of its cluster; causal heads in mirrored pairs) and the
 // grid: one persistent CTA per SM (or as many clusters as fit at once), or one per tile (pair) where there are fewer.
 // No workspace. One CTA stores every dQ row once (by TMA: dQ in its reach); in a cluster the row blocks that the
@@ -53,6 +53,9 @@ template <class SpCfg>
 Status run_sm90_single_pass(const Problem& prob, CUstream_st* stream, [[maybe_unused]] bool clear_dq) {
   constexpr const char* kName = "sm90 single pass";
   if (prob.dtype != SpCfg::kDType) return {Code::kInternal, std::string(kName) + ": an instance of another dtype"};
+  if ((prob.mode == BackwardMode::kSavedP) != SpCfg::kSavedP || (SpCfg::kSavedP && !prob.p.present())) {
+    return {Code::kInternal, std::string(kName) + ": an instance of the other mode"};
+  }
   if (prob.Sk > SpCfg::kMaxSk) {
     return {Code::kInternal, std::string(kName) + ": rows of more than " + std::to_string(SpCfg::kMaxSk) + " keys"};
   }

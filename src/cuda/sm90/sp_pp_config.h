@@ -1,5 +1,5 @@
 // The configuration of the pingpong single pass (docs/DESIGN.md, "The pingpong single pass"), one per (dtype,
-// head dimension, cluster), recompute mode, 128 keys per CTA: one CTA holds a (batch, key head)'s key block (a
+// head dimension, cluster, mode), 128 keys per CTA: one CTA holds a (batch, key head)'s key block (a
 // cluster of C CTAs holds its C key blocks), and each of its two consumer warpgroups owns every other 64-row block
 // of the CTA's steps with all of the block's keys, so that a row's statistics over those keys are one warpgroup's
 // own (combined with the cluster's other CTAs', sp_pp_exchange.cuh) and each warpgroup's element-wise work runs
@@ -12,7 +12,9 @@
 //                  the row statistics and dS in registers, writes dS to its dS buffer, and in its turn issues
 //                  dK_w += dSᵀ Q for the other's previous block and its own (each warpgroup accumulates dK of
 //                  its 64 keys over every block), dQ = dS K and S of its next block; then stages dQ in the
-//                  block's dP slot (sp_pp_mainloop.cuh);
+//                  block's dP slot (sp_pp_mainloop.cuh). Saved-P (kSavedP): no S; the dP thread loads the
+//                  block's P into its dS buffer, the owner reads it there with dP, reduces D = Σ P dP over its
+//                  keys (and the cluster's) and writes dS over P; its turn issues dQ alone;
 //   warpgroup 3    with kDkWarpgroup, dK of the tile's 128 keys (sp_pp_dk.cuh), staged at the tile's end in the
 //                  tile's K buffer and stored from there by warp 2 of the producer warpgroup (one thread, TMA).
 // No statistics pass, no workspace, no atomics: the sums run in a fixed order (deterministic by construction).
@@ -52,12 +54,14 @@ __device__ void release_slot(Ring& ring, const State& state) {
   ring.empty_barrier_[state.index()].arrive();
 }
 
-template <class Element_, int kHeadDim_, bool kDkWarpgroup_, int kCluster_>
+template <class Element_, int kHeadDim_, bool kDkWarpgroup_, int kCluster_, bool kSavedP_>
 struct SpPpConfig {
   using Element = Element_;
   static constexpr DType kDType = ElementTraits<Element>::kDType;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr bool kSavedP = false;    // (kb_epilogue.cuh's KbFinish reads it)
+  // Saved-P mode: P read (by TMA, into the block's dS buffer) instead of made from S = Q Kᵀ, so its dS carries the
+  // signed scale where dS carries it (kb_epilogue.cuh's KbFinish reads kSavedP).
+  static constexpr bool kSavedP = kSavedP_;
   static constexpr int kBlockM = 64;        // rows per block (one wgmma M)
   static constexpr int kBlockN = 128;       // keys per CTA
   // CTAs per cluster: CTA r of a cluster holds keys [128 r, 128 r + 128) of the cluster's (batch, key head) (in a
@@ -81,6 +85,7 @@ struct SpPpConfig {
   // its owner has written dS (sp_pp_dk.cuh), so that the consumers hold no dK accumulator and their turns carry
   // dQ and S alone (docs/DESIGN.md, the way down, 3).
   static constexpr bool kDkWarpgroup = kDkWarpgroup_;
+  static_assert(kDkWarpgroup || !kSavedP, "saved-P: the dispatched form (the dK warpgroup Q's only reader)");
 
   // Rings. Q of block g is read by S(g) (issued in its owner's turn two blocks before), the owner's dK product and
   // the other consumer's (the first of their turns g and g + 1): four slots, the load of Q(g + 2) starting in the
@@ -152,6 +157,8 @@ struct SpPpConfig {
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
   static constexpr uint32_t kPBytes = kBlockM * kBlockN * sizeof(Element);  // a (BM, BN) tile: a dP slot, a dS buffer
+  // What a dP slot's barrier counts: dP, and in saved-P P (loaded into the block's dS buffer) as well.
+  static constexpr uint32_t kPSlotBytes = kPBytes * (kSavedP ? 2 : 1);
   static_assert(cosize_v<SmemLayoutdS2> == kDsBuffers * kBlockM * kBlockN, "dS buffers are whole tiles");
   // Block g's dS buffer, and the parity of that buffer's barrier phases that block g's use completes.
   CUTE_HOST_DEVICE static constexpr int ds_buffer(int g) { return g % kDsBuffers; }
@@ -241,8 +248,8 @@ struct SpPpConfig {
   // store thread.
   static constexpr int kTileReaders = kConsumerThreads + 1 + (kDkWarpgroup ? kWarpgroupThreads + 1 : 0);
   // Q's readers that release its slots: both consumers (each reads every block's Q), or with a dK warpgroup the
-  // block's owner (its S) and the dK warpgroup: 256 threads either way.
-  static constexpr int kQReleasers = 2 * kWarpgroupThreads;
+  // block's owner (its S) and the dK warpgroup: 256 threads either way; in saved-P the dK warpgroup alone.
+  static constexpr int kQReleasers = (kSavedP ? 1 : 2) * kWarpgroupThreads;
   // Arrivals that free a dS buffer: its owner's and the other consumer's, or the owner's and the dK warpgroup's.
   static constexpr int kDsReaders = 2 * kWarpgroupThreads;
   using Trace = NoTrace;  // the step micro-benchmark's configs time the phases (trace.h)
@@ -289,7 +296,8 @@ struct SpPpConfig {
     // ... and its tile's dK written: staged in it, or stored from registers (every dK warpgroup thread arrives).
     alignas(8) uint64_t dk_full[kDkWarpgroup ? kKBuffers : 1];
     // By dS buffer: free for the dS of its next block, its block's three products done (every consumer thread
-    // arrives once its own are; with a dK warpgroup, the owner's and the dK warpgroup's threads).
+    // arrives once its own are; with a dK warpgroup, the owner's and the dK warpgroup's threads); in saved-P
+    // free for the next block's P, which the dP thread loads into it.
     alignas(8) uint64_t ds_free[kDsBuffers];
     // With a dK warpgroup, by dS buffer: its block's dS written (its owner's 128 threads arrive).
     alignas(8) uint64_t ds_full[kDkWarpgroup ? kDsBuffers : 1];

@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   q_params.num_consumers = Cfg::kQReleasers;
   QPipeline q_pipe(st.q_pipe, q_params, Shape<_1, _1, _1>{});
   typename PPipeline::Params p_params;
-  p_params.transaction_bytes = Cfg::kPBytes;
+  p_params.transaction_bytes = Cfg::kPSlotBytes;  // (dP, and in saved-P P)
   p_params.role = warpgroup == 0 ? PPipeline::ThreadCategory::Producer : PPipeline::ThreadCategory::Consumer;
   p_params.is_leader = dp_thread;
   p_params.num_consumers = Cfg::kWarpgroupThreads;  // a dP slot's owner alone

@@ -8,7 +8,9 @@
 //   as they complete: the Q slots handed back and both dS buffers announced read; dQ(j) staged in dP(j)'s slot
 //   and the slot handed back: the dP load thread stores dQ(j) from it by TMA before it loads the slot again.
 // In a cluster, the statistics of a block whose rows see keys of other CTAs are combined with theirs
-// (sp_pp_exchange.cuh) before dS.
+// (sp_pp_exchange.cuh) before dS. Saved-P (Cfg::kSavedP): no S; P(j) is read from dS(j)'s buffer, where the dP
+// thread loaded it on dP(j)'s slot barrier, with dP(j); the statistics are D alone, and dS(j) is written over P(j);
+// the turn issues dQ(j) alone.
 // S(j + 2) runs during the other consumer's element-wise work and turn, and each warpgroup's exponentials and
 // reductions under the other's products. At a tile's end the consumer that does not own the last block adds that
 // block's dK (its dS announced by kTileDsBarrier); each stores dK of its 64 keys.
@@ -43,12 +45,14 @@ struct SpPpMainloop {
 
   __device__ __forceinline__ void run(QPipeline& q_pipe, PPipeline& p_pipe) {
     constexpr bool kDkWarpgroup = Cfg::kDkWarpgroup;  // dK is the dK warpgroup's, not the consumers'
+    constexpr bool kSavedP = Cfg::kSavedP;
     const Problem& prob = params.prob;
     const int tid = threadIdx.x % Cfg::kWarpgroupThreads;
     const int other = 1 - w;
     typename Cfg::Trace trace(w == 0 ? KbTraceRole::kConsumer0 : KbTraceRole::kConsumer1, tid < 32);
+    // (fold: in saved-P dS carries the signed scale where it carries the scale, KbFinish)
     const SpPpSoftmax<Cfg> softmax{prob.keys(), prob.scale * kLog2e,
-                                   kScaleInDs<Element> ? fabsf(prob.scale) : 1.0f, tid};
+                                   kScaleInDs<Element> ? (kSavedP ? prob.scale : fabsf(prob.scale)) : 1.0f, tid};
     using FragS = typename SpPpSoftmax<Cfg>::FragS;      // (MMA, 1, 1) fp32
     using FragS16 = typename SpPpSoftmax<Cfg>::FragS16;  // (MMA, 1, 1)
     constexpr int kRows = SpPpSoftmax<Cfg>::kRows;
@@ -114,39 +118,65 @@ struct SpPpMainloop {
       const int64_t m0 = int64_t(block) * kBlockM;
       const auto q_state = block_state<kQStages>(j);
       const auto p_state = block_state<kPStages>(j);
-      const bool next = j_next >= 0;  // this consumer's next block, in this tile
+      [[maybe_unused]] const bool next = j_next >= 0;  // this consumer's next block, in this tile (S ahead)
 
-      // S(j) done (issued ahead: at the tile's start, or in an earlier turn); dP(j) read; the statistics.
+      // S(j) done (issued ahead: at the tile's start, or in an earlier turn); dP(j) read (and in saved-P P(j));
+      // the statistics.
       p_pipe.consumer_wait(p_state);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tSrS);
-      if constexpr (kDkWarpgroup) release_slot(st.q_pipe, q_state);  // its S done (dK reads it in its warpgroup)
+      if constexpr (!kSavedP) {
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tSrS);
+        if constexpr (kDkWarpgroup) release_slot(st.q_pipe, q_state);  // its S done (dK reads it in its warpgroup)
+      }
+      const auto copy_dp = typename Cfg::CopydP{}.get_thread_slice(tid);
       FragS16 tSrdP;  // (MMA, 1, 1)
-      load_tile_matrices<Cfg, kBlockM>(dp_at + uint32_t(p_state.index()) * kTileBytes,
-                                       typename Cfg::CopydP{}.get_thread_slice(tid).retile_D(tSrdP));
+      load_tile_matrices<Cfg, kBlockM>(dp_at + uint32_t(p_state.index()) * kTileBytes, copy_dp.retile_D(tSrdP));
+      [[maybe_unused]] FragS16 tSrP;  // (MMA, 1, 1) saved-P
+      if constexpr (kSavedP) {
+        load_tile_matrices<Cfg, kBlockM>(ds_at + uint32_t(Cfg::ds_buffer(j)) * kTileBytes, copy_dp.retile_D(tSrP));
+      }
       trace.mark(PpTracePhase::kWaitS);
       const bool cut = softmax.cut(m0, n0);
-      float m[kRows], f[kRows], fd[kRows];  // (f, fd: l and u until the factors)
-      softmax.sums(tSrS, tSrdP, m0, n0, cut, m, f, fd);
+      float m[kRows], f[kRows], fd[kRows];  // (f, fd: l and u until the factors; saved-P: fd u)
+      if constexpr (kSavedP) {
+        softmax.saved_sums(tSrP, tSrdP, m0, n0, cut, fd);
+      } else {
+        softmax.sums(tSrS, tSrdP, m0, n0, cut, m, f, fd);
+      }
       trace.mark(PpTracePhase::kSums);
       uint32_t peers = 0;  // (a lone CTA holds every key of its rows)
       if constexpr (Cfg::kCluster > 1 && !kSm90SpNoExchange) peers = exchange.peers_of(block);
       if (peers != 0) {
         float2 mine[kRows];
         CUTE_UNROLL
-        for (int ri = 0; ri < kRows; ++ri) mine[ri] = SpPpSoftmax<Cfg>::partial(m[ri], f[ri], fd[ri]);
+        for (int ri = 0; ri < kRows; ++ri) {
+          // (saved-P: every CTA's partial weighs 1, so that the combination's d is Σ_r u_r = D)
+          mine[ri] = kSavedP ? make_float2(0.0f, fd[ri]) : SpPpSoftmax<Cfg>::partial(m[ri], f[ri], fd[ri]);
+        }
         float top[kRows], sum[kRows], d[kRows];
         exchange.combine(peers, mine, rows, tid, top, sum, d, [&](PpTracePhase phase) { trace.mark(phase); });
         trace.mark(PpTracePhase::kCombine);
-        softmax.factors_of(m, top, sum, d, f, fd);
+        if constexpr (kSavedP) {
+          softmax.saved_factors(d, f, fd);
+        } else {
+          softmax.factors_of(m, top, sum, d, f, fd);
+        }
+      } else if constexpr (kSavedP) {
+        softmax.saved_factors(fd, f, fd);
       } else {
         softmax.factors(f, fd);
       }
       FragS16 tSrdS;  // (MMA, 1, 1)
-      softmax.ds(tSrS, tSrdP, cut, f, fd, tSrdS);
+      if constexpr (kSavedP) {
+        softmax.ds(tSrP, tSrdP, cut, f, fd, tSrdS);
+      } else {
+        softmax.ds(tSrS, tSrdP, cut, f, fd, tSrdS);
+      }
       trace.mark(PpTracePhase::kSoftmax);
-      // dS(j)'s buffer: block j − 3's products done.
-      if (j >= Cfg::kDsBuffers) cutlass::arch::ClusterBarrier::wait(&st.ds_free[Cfg::ds_buffer(j)], Cfg::ds_phase(j - Cfg::kDsBuffers));
+      // dS(j)'s buffer: block j − 3's products done (in saved-P awaited by the dP thread before P(j)'s load).
+      if (!kSavedP && j >= Cfg::kDsBuffers) {
+        cutlass::arch::ClusterBarrier::wait(&st.ds_free[Cfg::ds_buffer(j)], Cfg::ds_phase(j - Cfg::kDsBuffers));
+      }
       trace.mark(PpTracePhase::kDsFree);
       store_tile_matrices<Cfg, kBlockM>(ds_at + uint32_t(Cfg::ds_buffer(j)) * kTileBytes,
                                         typename Cfg::CopydS{}.get_thread_slice(tid).retile_S(tSrdS));
@@ -206,7 +236,9 @@ struct SpPpMainloop {
         release_slot(st.p_pipe, p_state);  // (the dP load thread stores dQ from the slot before loading it again)
         trace.mark(PpTracePhase::kStoreDq);
       };
-      if constexpr (kDkWarpgroup) {  // (kPrev unread: dK is the dK warpgroup's)
+      if constexpr (kSavedP) {  // (no S to issue; kPrev unread: dK is the dK warpgroup's)
+        turn(std::false_type{}, std::false_type{});
+      } else if constexpr (kDkWarpgroup) {  // (kPrev unread: dK is the dK warpgroup's)
         if (next) {
           turn(std::false_type{}, std::true_type{});
         } else {
@@ -245,7 +277,9 @@ struct SpPpMainloop {
         ++k_loads;
         Cfg::TxBarrier::wait(&st.k_full[k_use.buffer], k_use.phase);
         trace.mark(PpTracePhase::kTileK);
-        if (j < g_end) issue_s(j, k_use);
+        if constexpr (!kSavedP) {
+          if (j < g_end) issue_s(j, k_use);
+        }
       }
       trace.mark(PpTracePhase::kTileStart);
       for (; j < g_end; j += 2) {

@@ -4,7 +4,8 @@
 //   used it done with it; with a dK warpgroup, that tile's dK stored from it), per block Q into the next slot of
 //   the Q ring;
 //   the dP thread reads the tiles from the ring and loads per block dP into the next slot of the dP ring, after
-//   storing the dQ that the slot's previous block left in it;
+//   storing the dQ that the slot's previous block left in it; in saved-P also the block's P into its dS buffer,
+//   once that buffer's previous block is done with it, completing the same slot's barrier;
 //   with a dK warpgroup, the dK store thread reads the tiles from the ring and stores each tile's dK from the K
 //   buffer where the dK warpgroup staged it, then hands the buffer back to the load thread.
 // Separate threads, so that neither ring waits on the other: a Q slot is freed a turn later than its block's dP
@@ -84,12 +85,17 @@ struct SpPpProducer {
   // The dP thread. Per block the next slot of the dP ring, once its previous block's owner hands it back, loaded
   // with the block's dP. The slot comes back with
   // that block's dQ staged in it, stored by TMA here and its read awaited before the load; after the last block,
-  // the last slots' dQ stored.
+  // the last slots' dQ stored. In saved-P, block g's P goes into its dS buffer (where its owner then writes dS over
+  // it) once block g − kDsBuffers's products are done with the buffer, on the slot's barrier.
   __device__ void load_dp(typename Cfg::PPipeline& p_pipe) {
     const Problem& prob = params.prob;
     const auto& tma = params.tma;
     Tensor sdP = make_tensor(make_smem_ptr(st.dp.data()), typename Cfg::SmemLayoutP{});  // (BM, BN, PS)
-    Tensor mdP = tma.dp.get_tma_tensor(make_shape(int32_t(prob.Sq), int32_t(prob.Sk), int32_t(prob.Hq), int32_t(prob.B)));
+    Tensor sP = make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdS2{});  // (BM, BN, DB), saved-P
+    const auto probs = make_shape(int32_t(prob.Sq), int32_t(prob.Sk), int32_t(prob.Hq), int32_t(prob.B));
+    Tensor mdP = tma.dp.get_tma_tensor(probs);
+    Tensor mP = tma.p.get_tma_tensor(probs);
+    int g = 0;  // the CTA's blocks so far
     const SpDqStore<Cfg> dq_out{params, st.dp.data()};
     auto state = cutlass::make_producer_start_state<typename Cfg::PPipeline>();
     // Slot `state`'s block of the ring's previous round (if any): its dQ stored, its read awaited.
@@ -107,7 +113,14 @@ struct SpPpProducer {
       if constexpr (Cfg::kCluster > 1) block[3] = work.nb;
       Tensor gdP = local_tile(mdP(_, _, h, work.b), Shape<BM, BN>{}, make_coord(mb, work.nb));  // (BM, BN)
       tma_load_tile(tma.dp, *p_pipe.producer_get_barrier(state), gdP, sdP(_, _, state.index()));
+      if constexpr (Cfg::kSavedP) {
+        const int buf = Cfg::ds_buffer(g);
+        if (g >= Cfg::kDsBuffers) cutlass::arch::ClusterBarrier::wait(&st.ds_free[buf], Cfg::ds_phase(g - Cfg::kDsBuffers));
+        Tensor gP = local_tile(mP(_, _, h, work.b), Shape<BM, BN>{}, make_coord(mb, work.nb));  // (BM, BN)
+        tma_load_tile(tma.p, *p_pipe.producer_get_barrier(state), gP, sP(_, _, buf));
+      }
       ++state;
+      ++g;
     });
     // The last blocks' slots (acquired without a load: nobody waits for them to fill).
 #pragma unroll 1

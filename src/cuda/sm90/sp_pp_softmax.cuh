@@ -7,6 +7,8 @@
 //   (sp_pp_exchange.cuh): f = fold · 2^(m − LSE), fd = f · D;
 //   dS = p · (dP · f − fd) = P ∘ (dP − D) · fold, 0 where the row does not see the key,
 // fold = |scale| where dS carries the scale (bf16; dQ and dK then take its sign), 1 otherwise (they take it).
+// Saved-P: P given (read into 16-bit registers, 0 where the row does not see the key), u = Σ P · dP, D = u (one
+// CTA) or the sum of the cluster's partials; f = fold, fd = fold · D, where fold = scale (signed) in bf16.
 #pragma once
 
 #include "cuda/sm90/sp_pp_config.h"
@@ -39,6 +41,19 @@ struct SpPpSoftmax {
     return make_tensor(tScS.data(), rowcol(tScS.layout()));                                       // (rows, keys)
   }
 
+  // `fill` in place of each value of x (rows, keys) whose row, of the block from row m0, does not see its key of the
+  // CTA's (from n0).
+  template <class X, class T>
+  __device__ void mask_unseen(X& x, int64_t m0, int64_t n0, T fill) const {
+    const auto rc = coords();  // (rows, keys) → (row, key)
+    CUTE_UNROLL
+    for (int ri = 0; ri < kRows; ++ri) {
+      const int end = keys.cols_in(m0 + get<0>(rc(ri, 0)), n0, Cfg::kBlockN);
+      CUTE_UNROLL
+      for (int ci = 0; ci < kKeys; ++ci) x(ri, ci) = get<1>(rc(ri, ci)) < end ? x(ri, ci) : fill;
+    }
+  }
+
   // Whether the block of rows [m0, m0 + 64) has keys of the CTA (from n0) that some row does not see (its
   // element-wise code then masks; a block without is compiled without the compares).
   __device__ bool cut(int64_t m0, int64_t n0) const { return keys.cuts(m0, Cfg::kBlockM, n0, Cfg::kBlockN); }
@@ -59,16 +74,7 @@ struct SpPpSoftmax {
     const float k = prescale ? 1.0f : scale_log2;
     const auto rows = [&](auto cut_kind) {
       constexpr bool kCut = decltype(cut_kind)::value;
-      if constexpr (kCut) {  // −inf where the row does not see the key (causal, keys past Sk, rows past Sq)
-        const auto rc = coords();  // (rows, keys) → (row, key)
-        CUTE_UNROLL
-        for (int ri = 0; ri < kRows; ++ri) {
-          const int64_t row = m0 + get<0>(rc(ri, 0));
-          const int end = keys.cols_in(row, n0, Cfg::kBlockN);
-          CUTE_UNROLL
-          for (int ci = 0; ci < kKeys; ++ci) s(ri, ci) = get<1>(rc(ri, ci)) < end ? s(ri, ci) : -INFINITY;
-        }
-      }
+      if constexpr (kCut) mask_unseen(s, m0, n0, -INFINITY);  // (causal, keys past Sk, rows past Sq)
       // Both rows at each stage, so that their dependency chains (trees, shuffles) overlap.
       float ref[kRows];
       CUTE_UNROLL
@@ -116,6 +122,47 @@ struct SpPpSoftmax {
     quad_sum_rows<kQuad>(l_out, u_out);
   }
 
+  // Saved-P: P (16-bit, masked in place: 0 where the row does not see the key, whatever it held) and each row's
+  // u = Σ P · dP over the CTA's keys (of every lane of its quad).
+  __device__ void saved_sums(FragS16& tSrP, const FragS16& tSrdP, int64_t m0, int64_t n0, bool is_cut,
+                             float (&u_out)[kRows]) const {
+    Tensor p = make_tensor(tSrP.data(), RowCol{});          // (rows, keys)
+    const Tensor dp = make_tensor(tSrdP.data(), RowCol{});  // (rows, keys)
+    const auto rows = [&](auto cut_kind) {
+      constexpr bool kCut = decltype(cut_kind)::value;
+      if constexpr (kCut) mask_unseen(p, m0, n0, Element(0.0f));
+      float u[kRows][kSums] = {};
+      CUTE_UNROLL
+      for (int ci = 0; ci < kKeys; ++ci) {
+        CUTE_UNROLL
+        for (int ri = 0; ri < kRows; ++ri) {
+          const float pv = value(p, ri, ci);
+          // A masked key (P = 0) adds nothing whatever dP holds there (NaN included).
+          const float d = kCut && pv == 0.0f ? 0.0f : value(dp, ri, ci);
+          u[ri][ci % kSums] = fmaf(pv, d, u[ri][ci % kSums]);
+        }
+      }
+      CUTE_UNROLL
+      for (int ri = 0; ri < kRows; ++ri) u_out[ri] = tree_reduce(u[ri], SumOp{});
+    };
+    if (is_cut) {
+      rows(std::true_type{});
+    } else {
+      rows(std::false_type{});
+    }
+    CUTE_UNROLL
+    for (int ri = 0; ri < kRows; ++ri) u_out[ri] = quad_sum<kQuad>(u_out[ri]);
+  }
+
+  // Saved-P: the factors of dS from a row's D (f = fold, fd = fold · D).
+  __device__ void saved_factors(const float (&d)[kRows], float (&f)[kRows], float (&fd)[kRows]) const {
+    CUTE_UNROLL
+    for (int ri = 0; ri < kRows; ++ri) {
+      f[ri] = fold;
+      fd[ri] = fold * d[ri];
+    }
+  }
+
   // The factors of dS where the CTA holds every key of the rows: from l and u (sums; f, fd in place of them).
   __device__ void factors(float (&f)[kRows], float (&fd)[kRows]) const {
     CUTE_UNROLL
@@ -143,8 +190,9 @@ struct SpPpSoftmax {
     }
   }
 
-  // dS = p · (dP · f − fd) into tSrdS, from p (stats) and dP.
-  __device__ void ds(const FragS& tSrS, const FragS16& tSrdP, bool is_cut, const float (&f)[kRows],
+  // dS = p · (dP · f − fd) into tSrdS, from p (sums: fp32; saved_sums: 16-bit) and dP.
+  template <class FragP>
+  __device__ void ds(const FragP& tSrS, const FragS16& tSrdP, bool is_cut, const float (&f)[kRows],
                      const float (&fd)[kRows], FragS16& tSrdS) const {
     const Tensor s = make_tensor(tSrS.data(), RowCol{});    // (rows, keys)
     const Tensor dp = make_tensor(tSrdP.data(), RowCol{});  // (rows, keys)
@@ -155,7 +203,7 @@ struct SpPpSoftmax {
       for (int ri = 0; ri < kRows; ++ri) {
         CUTE_UNROLL
         for (int ci = 0; ci < kKeys; ++ci) {
-          const float p = s(ri, ci);
+          const float p = value(s, ri, ci);
           const float x = value(dp, ri, ci);  // dP
           const float d = p * fmaf(x, f[ri], -fd[ri]);
           ds(ri, ci) = Element(kCut && p == 0.0f ? 0.0f : d);
@@ -176,11 +224,13 @@ struct SpPpSoftmax {
     return reinterpret_cast<const uint32_t*>(&dp(ri, ci - ci % 2))[0];
   }
 
-  // dP(ri, ci) in fp32. In bf16 from the bits of its 32-bit pair (pair_bits): the high value by one AND, where the
-  // conversion of the 16-bit value takes an extract and a shift.
+  // dP(ri, ci) (or P's) in fp32. In bf16 from the bits of its 32-bit pair (pair_bits): the high value by one AND,
+  // where the conversion of the 16-bit value takes an extract and a shift.
   template <class DP>
   __device__ static float value(const DP& dp, int ri, int ci) {
-    if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
+    if constexpr (std::is_same_v<typename DP::value_type, float>) {
+      return dp(ri, ci);
+    } else if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
       const uint32_t bits = pair_bits(dp, ri, ci);
       return __uint_as_float(ci % 2 == 0 ? bits << 16 : bits & 0xffff0000u);
     } else {

@@ -1,0 +1,10 @@
+// The Hopper pingpong single pass (saved-P) for bf16, head dimension 128:
+// in clusters of 4 CTAs (rows of up to 512 keys).
+#include "cuda/sm90/sp_launch.cuh"
+#include "cuda/sm90_instances.h"
+
+namespace qksoftmax::cuda {
+using SavedP = sm90::SpPpConfig<cutlass::bfloat16_t, 128, true, 4, true>;
+template Status run_sm90_single_pass<SavedP>(const Problem&, CUstream_st*, bool);
+template int sm90_single_pass_resident_clusters<SavedP>();
+}  // namespace qksoftmax::cuda

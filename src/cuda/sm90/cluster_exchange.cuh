@@ -22,14 +22,6 @@ __device__ inline void push_f4(uint32_t remote, float4 v, uint32_t remote_barrie
       : "memory");
 }
 
-// The same for 4 bytes.
-__device__ inline void push_f(uint32_t remote, float v, uint32_t remote_barrier) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
-               :
-               : "r"(remote), "r"(__float_as_uint(v)), "r"(remote_barrier)
-               : "memory");
-}
-
 // The same for 8 bytes.
 __device__ inline void push_f2(uint32_t remote, float2 v, uint32_t remote_barrier) {
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"

@@ -20,8 +20,6 @@
 // No statistics pass, no workspace, no atomics: the sums run in a fixed order (deterministic by construction).
 #pragma once
 
-#include <type_traits>
-
 #include "cuda/sm90/kb_config.h"
 #include "cuda/sm90_instances.h"
 
@@ -260,14 +258,12 @@ struct SpPpConfig {
   // pushes after its turn of exchange x − 2, so after every thread of it read slot x − 2 (a pair of CTAs
   // exchanges the same blocks, of the same consumer in each): two slots need no "empty" barrier.
   static constexpr int kStatsSlots = 2;
-  // A row's partial in a slot: (LSE, D) over a CTA's keys, or in saved-P u = Σ P · dP (4 bytes, SpPpExchange::push_u).
-  using Partial = std::conditional_t<kSavedP, float, float2>;
   // How a consumer combines its rows' partials (SpPpExchange::combine): every lane all of both its rows' (clusters
   // of 2), or a row's split between two lanes of its quad and merged (clusters of 4 and 8; H200, 2026-12-04,
   // bench/results/h200-v46-ab.log: the step 2.252 µs against 2.318–2.373 in clusters of 8, 2.526–2.533 against
   // 2.582–2.603 causal, but 1.887–1.889 against 1.798–1.810 in clusters of 2).
   static constexpr bool kQuadCombine = kCluster >= 4;
-  static constexpr uint32_t kStatsBytes = kBlockM * sizeof(Partial);  // a slot: a partial per row
+  static constexpr uint32_t kStatsBytes = kBlockM * sizeof(float2);  // a slot: a float2 per row
   // Consumer w's slot of peer `peer` (0 … kPeers − 1: the other CTAs by rank, this one left out) and parity.
   CUTE_HOST_DEVICE static constexpr int stats_slot(int w, int peer, int parity) {
     return (w * kPeers + peer) * kStatsSlots + parity;
@@ -305,9 +301,9 @@ struct SpPpConfig {
     alignas(8) uint64_t ds_free[kDsBuffers];
     // With a dK warpgroup, by dS buffer: its block's dS written (its owner's 128 threads arrive).
     alignas(8) uint64_t ds_full[kDkWarpgroup ? kDsBuffers : 1];
-    // In a cluster, by consumer, peer and exchange count: the peer's partial (Partial) of each row of the consumer's
-    // block (SpPpExchange), and the barrier its pushes complete.
-    alignas(16) Partial stats[kCluster > 1 ? kConsumers * kPeers * kStatsSlots : 1][kBlockM];
+    // In a cluster, by consumer, peer and exchange parity: the peer's (LSE, D) of each row of the consumer's block
+    // (SpPpExchange), and the barrier its pushes complete.
+    alignas(16) float2 stats[kCluster > 1 ? kConsumers * kPeers * kStatsSlots : 1][kBlockM];
     alignas(8) uint64_t stats_full[kCluster > 1 ? kConsumers * kPeers * kStatsSlots : 1];
   };
   static constexpr int kSmemBytes = int(sizeof(Storage));

@@ -7,14 +7,10 @@
 // CTA of the row block (st.async completing bytes on the slot's barrier, awaited at CTA scope), and combines the
 // CTAs' partials (SpPpSoftmax::factors_of):
 //   LSE = L + log2 Σ_r 2^(LSE_r − L), L = max_r LSE_r; D = Σ_r 2^(LSE_r − LSE) D_r;
-// a CTA's p = 2^(x − m) over its keys then becomes P = p · 2^(m − LSE). Saved-P (Cfg::kSavedP): each row's
-// u = Σ P · dP over the CTA's keys, 4 bytes (push), and D = Σ_r u_r in rank order (sum_u: the same sum, bit for
-// bit, in every CTA of the block).
+// a CTA's p = 2^(x − m) over its keys then becomes P = p · 2^(m − LSE).
 #pragma once
 
 #include <cutlass/arch/barrier.h>
-
-#include <type_traits>
 
 #include "cuda/sm90/cluster_exchange.cuh"
 #include "cuda/sm90/sp_pp_config.h"
@@ -39,18 +35,6 @@ struct SpPpExchange {
   int rank;             // this CTA's
   bool mirrored = false;  // the tile's (KbTile): CTA r holds key block C − 1 − r
   uint32_t counts = 0;  // by peer p, bits [2p, 2p + 2): this consumer's exchanges with it so far, modulo 4
-
-  // Every exchanged peer's slot of the current exchange awaited in turn (thread 0 arriving on each, its bytes
-  // expected).
-  __device__ void await(uint32_t peers, int tid) const {
-    CUTE_UNROLL
-    for (int p = 0; p < kPeers; ++p) {
-      if (!(peers >> p & 1u)) continue;
-      uint64_t* full = &st.stats_full[slot(p)];
-      if (tid == 0) Barrier::arrive_and_expect_tx(full, Cfg::kStatsBytes);
-      Barrier::wait(full, phase(p));
-    }
-  }
 
   // 2^(x − top), 0 where top is −inf (a row that sees none of the keys).
   __device__ static float rescaled(float x, float top) { return top == -INFINITY ? 0.0f : exp2_fast(x - top); }
@@ -81,9 +65,29 @@ struct SpPpExchange {
   template <class Mark>
   __device__ void combine(uint32_t peers, const float2 (&mine)[kRows], const int (&rows)[kRows], int tid,
                           float (&top)[kRows], float (&sum)[kRows], float (&d)[kRows], Mark&& mark) {
-    push(peers, mine, rows, tid);
+    // A row's lanes hold the same values: lane q of the quad pushes them to peers q, q + 4, … (the quad's four
+    // lanes share the pushes).
+    CUTE_UNROLL
+    for (int i = 0; i < kPushesPerLane; ++i) {
+      const int p = tid % kQuad + kQuad * i;
+      if (p >= kPeers || !(peers >> p & 1u)) continue;
+      const int r = peer_rank(p);
+      const int at = Cfg::stats_slot(w, index_at(r), int(count(p) % Cfg::kStatsSlots));
+      const uint32_t remote_full = cluster_addr(smem_addr(&st.stats_full[at]), uint32_t(r));
+      CUTE_UNROLL
+      for (int ri = 0; ri < kRows; ++ri) {
+        push_f2(cluster_addr(smem_addr(&st.stats[at][rows[ri]]), uint32_t(r)), mine[ri], remote_full);
+      }
+    }
     mark(PpTracePhase::kPush);
-    await(peers, tid);
+    // Every peer's slot awaited in turn (thread 0 arriving on each, its bytes expected).
+    CUTE_UNROLL
+    for (int p = 0; p < kPeers; ++p) {
+      if (!(peers >> p & 1u)) continue;
+      uint64_t* full = &st.stats_full[slot(p)];
+      if (tid == 0) Barrier::arrive_and_expect_tx(full, Cfg::kStatsBytes);
+      Barrier::wait(full, phase(p));
+    }
     mark(PpTracePhase::kExchange);
     if constexpr (!Cfg::kQuadCombine) {  // every lane combines every partial of both its rows
       CUTE_UNROLL
@@ -113,62 +117,12 @@ struct SpPpExchange {
     } else {
       combine_in_quads(peers, mine, rows, tid, top, sum, d);
     }
-    counts = advanced(counts, peers);
-  }
-
-  // Each exchanged peer's count in `of` + 1 (modulo 4, field by field).
-  __device__ static uint32_t advanced(uint32_t of, uint32_t peers) {
+    // Each exchanged peer's count + 1 (modulo 4, field by field).
     uint32_t inc = 0;
     CUTE_UNROLL
     for (int p = 0; p < kPeers; ++p) inc |= (peers >> p & 1u) << (kCountBits * p);
-    const uint32_t lo = of & 0x55555555u, hi = of & 0xAAAAAAAAu;
-    return (lo ^ inc) | (hi ^ ((lo & inc) << 1));
-  }
-
-  // This thread's rows' partials over its CTA's keys (`v`: float2 (LSE, D), or saved-P's u) pushed to the block's
-  // peers (peers_of), into their slots of this exchange. A row's lanes hold the same values: lane q of the quad
-  // pushes them to peers q, q + 4, … (the quad's four lanes share the pushes).
-  template <class V>
-  __device__ void push(uint32_t peers, const V (&v)[kRows], const int (&rows)[kRows], int tid) const {
-    static_assert(std::is_same_v<V, typename Cfg::Partial>, "a slot's partial");
-    CUTE_UNROLL
-    for (int i = 0; i < kPushesPerLane; ++i) {
-      const int p = tid % kQuad + kQuad * i;
-      if (p >= kPeers || !(peers >> p & 1u)) continue;
-      const int r = peer_rank(p);
-      const int at = Cfg::stats_slot(w, index_at(r), int(count(p) % Cfg::kStatsSlots));
-      const uint32_t remote_full = cluster_addr(smem_addr(&st.stats_full[at]), uint32_t(r));
-      CUTE_UNROLL
-      for (int ri = 0; ri < kRows; ++ri) {
-        const uint32_t to = cluster_addr(smem_addr(&st.stats[at][rows[ri]]), uint32_t(r));
-        if constexpr (std::is_same_v<V, float>) {
-          push_f(to, v[ri], remote_full);
-        } else {
-          push_f2(to, v[ri], remote_full);
-        }
-      }
-    }
-  }
-
-  // Saved-P: the block's peers' u awaited (after push) and each row's
-  // D = Σ_r u_r over the CTAs of the block in rank order, this thread's own (`u`) at this CTA's rank.
-  __device__ void sum_u(uint32_t peers, const float (&u)[kRows], const int (&rows)[kRows], int tid,
-                        float (&d)[kRows]) {
-    await(peers, tid);
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) d[r] = 0.0f;
-    CUTE_UNROLL
-    for (int c = 0; c < Cfg::kCluster; ++c) {
-      const int p = c < rank ? c : c - 1;  // (the peer of rank c)
-      if (c == rank) {
-        CUTE_UNROLL
-        for (int r = 0; r < kRows; ++r) d[r] += u[r];
-      } else if (peers >> p & 1u) {
-        CUTE_UNROLL
-        for (int r = 0; r < kRows; ++r) d[r] += st.stats[slot(p)][rows[r]];
-      }
-    }
-    counts = advanced(counts, peers);
+    const uint32_t lo = counts & 0x55555555u, hi = counts & 0xAAAAAAAAu;
+    counts = (lo ^ inc) | (hi ^ ((lo & inc) << 1));
   }
 
   // SpPpConfig::kQuadCombine: a row's kCluster partials (its own at position 0, peer p's at p + 1) split between two

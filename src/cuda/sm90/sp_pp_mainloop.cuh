@@ -147,20 +147,18 @@ struct SpPpMainloop {
       uint32_t peers = 0;  // (a lone CTA holds every key of its rows)
       if constexpr (Cfg::kCluster > 1 && !kSm90SpNoExchange) peers = exchange.peers_of(block);
       if (peers != 0) {
-        if constexpr (kSavedP) {  // (u alone: D = Σ_r u_r)
-          float d[kRows];
-          exchange.push(peers, fd, rows, tid);
-          trace.mark(PpTracePhase::kPush);
-          exchange.sum_u(peers, fd, rows, tid, d);
-          trace.mark(PpTracePhase::kCombine);
+        float2 mine[kRows];
+        CUTE_UNROLL
+        for (int ri = 0; ri < kRows; ++ri) {
+          // (saved-P: every CTA's partial weighs 1, so that the combination's d is Σ_r u_r = D)
+          mine[ri] = kSavedP ? make_float2(0.0f, fd[ri]) : SpPpSoftmax<Cfg>::partial(m[ri], f[ri], fd[ri]);
+        }
+        float top[kRows], sum[kRows], d[kRows];
+        exchange.combine(peers, mine, rows, tid, top, sum, d, [&](PpTracePhase phase) { trace.mark(phase); });
+        trace.mark(PpTracePhase::kCombine);
+        if constexpr (kSavedP) {
           softmax.saved_factors(d, f, fd);
         } else {
-          float2 mine[kRows];
-          CUTE_UNROLL
-          for (int ri = 0; ri < kRows; ++ri) mine[ri] = SpPpSoftmax<Cfg>::partial(m[ri], f[ri], fd[ri]);
-          float top[kRows], sum[kRows], d[kRows];
-          exchange.combine(peers, mine, rows, tid, top, sum, d, [&](PpTracePhase phase) { trace.mark(phase); });
-          trace.mark(PpTracePhase::kCombine);
           softmax.factors_of(m, top, sum, d, f, fd);
         }
       } else if constexpr (kSavedP) {

@@ -214,12 +214,15 @@ constexpr int64_t kSpKeys = 128;
 // block's statistics exchanged with every other CTA of the cluster; dQ added into rows that nobody clears, which
 // only a timing may do). Clusters of 4 and 8 are timed without a trace (their traced builds would double the
 // bench's compile): QKSOFTMAX_STEP_TRACED_MAX_CLUSTER=8, an A/B build's knob, traces them too, for the exchange
-// with 3 and 7 peers.
+// with 3 and 7 peers. Saved-P (SpPpConfig's kSavedP) in one CTA and in clusters of 8, unmasked and causal: P read
+// as dP is (N(0, 1) values: a timing), its trace's "wait S dP" the wait for P and dP.
 using Sp = qksoftmax::cuda::sm90::SpPpConfig<Element, int(kKbHeadDim)>;
 using Sp3 = qksoftmax::cuda::sm90::SpPpConfig<Element, int(kKbHeadDim), false>;
 using Sp2 = qksoftmax::cuda::sm90::SpPpConfig<Element, int(kKbHeadDim), true, 2>;
 using Sp4 = qksoftmax::cuda::sm90::SpPpConfig<Element, int(kKbHeadDim), true, 4>;
 using Sp8 = qksoftmax::cuda::sm90::SpPpConfig<Element, int(kKbHeadDim), true, 8>;
+using SpP = qksoftmax::cuda::sm90::SpPpConfig<Element, int(kKbHeadDim), true, 1, true>;
+using SpP8 = qksoftmax::cuda::sm90::SpPpConfig<Element, int(kKbHeadDim), true, 8, true>;
 #ifdef QKSOFTMAX_STEP_TRACED_MAX_CLUSTER
 constexpr int kSpTracedMaxCluster = QKSOFTMAX_STEP_TRACED_MAX_CLUSTER;
 #else
@@ -265,10 +268,14 @@ Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool causal, boo
   const int64_t sq = causal ? kKeys : kKbRows;
   const int64_t rows = sq + query_heads - 1;
   const size_t e = size_t(kKbElementBytes);
-  DeviceBuffer q, k, dp, dq, dk;
+  DeviceBuffer q, k, dp, p, dq, dk;  // (p: saved-P)
   QKB_TRY(q.allocate(size_t(rows * kKbHeadDim) * e));
   QKB_TRY(dq.allocate(q.bytes()));
   QKB_TRY(dp.allocate(size_t(rows * kKeys) * e));
+  if constexpr (Cfg::kSavedP) {
+    QKB_TRY(p.allocate(dp.bytes()));
+    QKB_TRY(fill_normal(p.get(), qksoftmax::DType::kBFloat16, int64_t(p.bytes() / e), 2, stream));
+  }
   QKB_TRY(k.allocate(size_t(key_heads * kKeys * kKbHeadDim) * e));
   QKB_TRY(dk.allocate(k.bytes()));
   for (const DeviceBuffer* b : {&q, &k}) QKB_TRY(fill_value(b->get(), b->bytes() / sizeof(kBf16One), kBf16One, stream));
@@ -282,10 +289,11 @@ Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool causal, boo
   prob.device = qksoftmax::Device::kCUDA;
   prob.device_index = device;
   prob.mask = causal ? qksoftmax::Mask::kCausal : qksoftmax::Mask::kNone;
-  prob.mode = qksoftmax::BackwardMode::kRecompute;
+  prob.mode = Cfg::kSavedP ? qksoftmax::BackwardMode::kSavedP : qksoftmax::BackwardMode::kRecompute;
   prob.scale = 1.0f / std::sqrt(float(kKbHeadDim));
   prob.q = shared_rows(q.get(), rows, kKbHeadDim);
   prob.dp = shared_rows(dp.get(), rows, kKeys);
+  if constexpr (Cfg::kSavedP) prob.p = shared_rows(p.get(), rows, kKeys);
   prob.dq = shared_rows(dq.get(), rows, kKbHeadDim);
   prob.k = heads_operand(k.get(), key_heads, kKeys, kKbHeadDim);
   prob.dk = heads_operand(dk.get(), key_heads, kKeys, kKbHeadDim);
@@ -301,12 +309,13 @@ Result run_sp_case(const MicroRun& micro, const KbStepShape& s, bool causal, boo
   const double total_steps = causal ? double(key_heads * kC * (kC + 1)) : double(s.ctas) * double(s.steps_per_cta);
   const int64_t cta_steps = causal ? 2 * kC + 2 : s.steps_per_cta;
   out->rounds = causal ? (key_heads / 2 + resident - 1) / resident : (key_heads + resident - 1) / resident;
-  out->mode = kC > 1 ? "single_pass_c" + std::to_string(kC) + (causal ? "_causal" : "")
-              : Cfg::kDkWarpgroup ? "single_pass"
-                                  : "single_pass_3wg";
+  out->mode = (kC > 1 ? "single_pass_c" + std::to_string(kC) + (causal ? "_causal" : "")
+               : Cfg::kDkWarpgroup ? "single_pass"
+                                   : "single_pass_3wg") +
+              (Cfg::kSavedP ? "_savedp" : "");
   out->dq = "bf16";
-  out->products = kProductsRecompute;
-  out->bytes = int64_t(q.bytes() + dq.bytes() + dp.bytes() + k.bytes() + dk.bytes());
+  out->products = Cfg::kSavedP ? kProductsSavedP : kProductsRecompute;
+  out->bytes = int64_t(q.bytes() + dq.bytes() + dp.bytes() + p.bytes() + k.bytes() + dk.bytes());
   out->us = us;
   out->step_us = us / double(out->rounds * cta_steps);
   const double flops = double(out->products) * kFlopsPerMac * kKbBlockM * kSpKeys * kKbHeadDim * total_steps;
@@ -356,7 +365,8 @@ Result run_kb_steps(const MicroRun& micro, bool trace, KbStepShape* shape, std::
       results->push_back(r);
     }
   }
-  // As dispatched, three warpgroups, in clusters of 2, 4 and 8; then causal rows in clusters, heads in pairs.
+  // As dispatched, three warpgroups, in clusters of 2, 4 and 8; then causal rows in clusters, heads in pairs; then
+  // saved-P in one CTA and in clusters of 8, unmasked and causal.
   using SpCase = Result (*)(const MicroRun&, const KbStepShape&, bool, bool, KbStepResult*);
   struct SpForm {
     SpCase run;
@@ -366,7 +376,9 @@ Result run_kb_steps(const MicroRun& micro, bool trace, KbStepShape* shape, std::
   constexpr SpForm kSpForms[] = {{&run_sp_case<Sp>, Sp::kMaxSk, false},   {&run_sp_case<Sp3>, Sp3::kMaxSk, false},
                                  {&run_sp_case<Sp2>, Sp2::kMaxSk, false}, {&run_sp_case<Sp4>, Sp4::kMaxSk, false},
                                  {&run_sp_case<Sp8>, Sp8::kMaxSk, false}, {&run_sp_case<Sp2>, Sp2::kMaxSk, true},
-                                 {&run_sp_case<Sp4>, Sp4::kMaxSk, true},  {&run_sp_case<Sp8>, Sp8::kMaxSk, true}};
+                                 {&run_sp_case<Sp4>, Sp4::kMaxSk, true},  {&run_sp_case<Sp8>, Sp8::kMaxSk, true},
+                                 {&run_sp_case<SpP>, SpP::kMaxSk, false}, {&run_sp_case<SpP8>, SpP8::kMaxSk, false},
+                                 {&run_sp_case<SpP8>, SpP8::kMaxSk, true}};
   for (const SpForm& form : kSpForms) {
     KbStepResult r;
     QKB_TRY(form.run(micro, s, form.causal, trace, &r));

@@ -70,7 +70,8 @@ bool sm90_single_pass(const Problem& prob) { return sm90_tma_ready(prob) && sm90
 // 584.4 / 588.1, B8·S1024 1693.7 / 1694.0 against 1808.3 / 1718.3 (2026-12-03, two rounds each), B1·S1024 226.8 /
 // 228.0 against 245.3 / 243.0 (2026-12-04, bench/results/h200-v53-ab.log); unmasked rows, 8 (S = 1024 at B 1 / 2 /
 // 4 / 8: 357.8 / 689.5 / 1320.3 / 2589.2 µs against 358.4 / 693.6 / 1357.5 / 3015.5).
-// QKSOFTMAX_SM90_SP_MAX_CLUSTER, where defined, takes the place of both limits (an A/B build's knob).
+// (Measured in recompute; saved-P takes the same clusters.) QKSOFTMAX_SM90_SP_MAX_CLUSTER, where defined, takes the
+// place of both limits (an A/B build's knob).
 #ifdef QKSOFTMAX_SM90_SP_MAX_CLUSTER
 constexpr int kSm90SpMaxClusterCausal = QKSOFTMAX_SM90_SP_MAX_CLUSTER;
 constexpr int kSm90SpMaxClusterFull = QKSOFTMAX_SM90_SP_MAX_CLUSTER;

@@ -68,10 +68,10 @@ Status run_sm90_keyblock(const Problem& prob, const generic::Params& rows, const
 QKSOFTMAX_SM90_KB_CONFIGS(QKSOFTMAX_DECLARE_SM90_KB)
 #undef QKSOFTMAX_DECLARE_SM90_KB
 
-// The pingpong single pass (recompute, statistics computed in the pass) in clusters of C CTAs, CTA r holding keys
+// The pingpong single pass (statistics computed in the pass) in clusters of C CTAs, CTA r holding keys
 // [128 r, 128 r + 128): rows of up to 128 keys in one CTA, of up to 128·C keys in clusters of C = 2, 4, 8. One
-// instantiation per dtype, head dimension (the configurations of the two-pass backward) and cluster size, each in
-// its own translation unit (sm90_sp_c<C>_<dtype>_hd<D>.cu).
+// instantiation per dtype, head dimension (the configurations of the two-pass backward), cluster size and mode,
+// each in its own translation unit (sm90_sp_c<C>_<dtype>_hd<D>.cu, sm90_sp_c<C>_<dtype>_savedp_hd<D>.cu).
 namespace sm90 {
 inline constexpr int64_t kSpBlockM = 64;  // rows per block of the pingpong single pass
 inline constexpr int64_t kSpBlockN = 128;  // keys per CTA of the pingpong single pass

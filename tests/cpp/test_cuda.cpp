@@ -299,10 +299,10 @@ TEST_P(GpuSinglePassRepeat, TwoRunsBitwiseEqual) {
 
 INSTANTIATE_TEST_SUITE_P(Modes, GpuSinglePassRepeat, ::testing::ValuesIn(kAllVariants), variant_param_name);
 
-// The pingpong single pass (recompute rows of up to 128 keys, src/cuda/sm90/sp_pp_config.h): more tiles than SMs
-// (each CTA walks several, alternating its K buffers), one block a tile, grouped query heads,
-// more rows than keys and fewer, a scale that dS must not fold wrongly (negative, above 1), dQ with padded rows. The sweeps above
-// reach it at their small sizes too; these are its own edges.
+// The pingpong single pass (rows of up to 128 keys in one CTA, src/cuda/sm90/sp_pp_config.h), recompute and
+// saved-P: more tiles than SMs (each CTA walks several, alternating its K buffers), one block a tile, grouped query
+// heads, more rows than keys and fewer, a scale that dS must not fold wrongly (negative, above 1), dQ with padded
+// rows. The sweeps above reach it at their small sizes too; these are its own edges.
 std::vector<Case> keyblock_single_pass_cases() {
   std::vector<Case> cases;
   const int64_t wide = small_shapes() ? 40 : 150;  // (batch, key head) tiles per batch: past 132 SMs at B = 2
@@ -324,7 +324,7 @@ std::vector<Case> keyblock_single_pass_cases() {
   }
   std::vector<Case> out;
   for (const Case& c : cases) {
-    for (Variant variant : {Variant::kRecompute, Variant::kRecomputeLse}) {
+    for (Variant variant : {Variant::kRecompute, Variant::kRecomputeLse, Variant::kSavedP}) {
       Case v = c;
       v.variant = variant;
       out.push_back(v);
@@ -344,8 +344,8 @@ INSTANTIATE_TEST_SUITE_P(Edges, GpuKeyBlockSinglePass, ::testing::ValuesIn(keybl
 
 // With options.deterministic, two runs are bitwise identical (dK sums over the query heads of a group), and
 // they match the reference. S = 1000 and 512 reach the row-block single pass, which sums in a fixed order up to 1024
-// keys in both modes; S = 256 in recompute the pingpong single pass in clusters of two (dQ: two parts added into
-// zero, the same sum in either order); longer rows take the generic kernels.
+// keys in both modes; S = 256 the pingpong single pass in clusters of two (dQ: two parts added into zero, the same
+// sum in either order); longer rows take the generic kernels.
 class GpuDeterminism : public GpuTest, public ::testing::WithParamInterface<Variant> {};
 
 TEST_P(GpuDeterminism, TwoRunsBitwiseEqual) {
@@ -481,10 +481,11 @@ TEST_P(GpuKeyBlocks, EveryBlock) {
 }
 
 // The key-block pass's CTAs (one per SM) take tiles from the tile counter: 160 tiles (S = 1160, 16 heads) give a
-// few CTAs a second tile; 256 to 640 tiles (S = 1016 with 32 heads, S = 512 with 128–160 heads, S = 1160 with
-// 24–64 heads) give each CTA several, in recompute and saved-P, bf16 and fp16, dQ added directly (Sk <= 1024) and
-// through the accumulator; Sk > Sq causal (136 × 1160, 200 × 1000) gives mostly tiles without steps, which the
-// load thread runs through ahead of the others.
+// few CTAs a second tile; 256 to 640 tiles (S = 1160 with 24–64 heads; in saved-P S = 760 with 48 key heads and
+// S = 384 with 128–160 heads, row lengths that the pingpong single pass does not take) give each CTA several, in
+// recompute and saved-P, bf16 and fp16, dQ added directly (Sk <= 1024) and through the accumulator; Sk > Sq causal
+// (136 × 1160, 200 × 760) gives mostly tiles without steps, which the load thread runs through ahead of the
+// others. (The recompute rows of 512 and 1016 keys go to the pingpong single pass in clusters of 4 and 8.)
 INSTANTIATE_TEST_SUITE_P(
     Items, GpuKeyBlocks,
     ::testing::Values(Case{.B = 1, .Hq = 16, .Hk = 16, .Sq = 1160, .Sk = 1160, .D = 128},
@@ -494,18 +495,18 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{.B = 2, .Hq = 32, .Hk = 16, .Sq = 136, .Sk = 1160, .D = 128,
                            .variant = Variant::kRecomputeLse},
                       Case{.B = 1, .Hq = 32, .Hk = 32, .Sq = 1016, .Sk = 1016, .D = 128},
-                      Case{.B = 1, .Hq = 32, .Hk = 16, .Sq = 1016, .Sk = 1016, .D = 128, .dtype = DType::kFloat16,
+                      Case{.B = 1, .Hq = 96, .Hk = 48, .Sq = 760, .Sk = 760, .D = 128, .dtype = DType::kFloat16,
                            .variant = Variant::kSavedP},
                       Case{.B = 1, .Hq = small_shapes() ? 128 : 160, .Hk = small_shapes() ? 128 : 160, .Sq = 512,
                            .Sk = 512, .D = 128},
-                      Case{.B = 1, .Hq = small_shapes() ? 128 : 160, .Hk = small_shapes() ? 128 : 160, .Sq = 512,
-                           .Sk = 512, .D = 128, .variant = Variant::kSavedP},
+                      Case{.B = 1, .Hq = small_shapes() ? 128 : 160, .Hk = small_shapes() ? 128 : 160, .Sq = 384,
+                           .Sk = 384, .D = 128, .variant = Variant::kSavedP},
                       Case{.B = 1, .Hq = small_shapes() ? 24 : 64, .Hk = small_shapes() ? 24 : 64, .Sq = 1160,
                            .Sk = 1160, .D = 128, .dtype = DType::kFloat16, .mask = Mask::kNone,
                            .variant = Variant::kSavedP},
                       Case{.B = 1, .Hq = small_shapes() ? 24 : 64, .Hk = small_shapes() ? 24 : 64, .Sq = 1160,
                            .Sk = 1160, .D = 128},
-                      Case{.B = 4, .Hq = 32, .Hk = 8, .Sq = 200, .Sk = 1000, .D = 128, .variant = Variant::kSavedP}),
+                      Case{.B = 4, .Hq = 32, .Hk = 8, .Sq = 200, .Sk = 760, .D = 128, .variant = Variant::kSavedP}),
     param_name);
 
 // The single pass with many more (batch, key head) items than resident clusters, so that each cluster walks

@@ -94,7 +94,8 @@ struct SpPpConfig {
   // it loads the slot again: three slots. K of two tiles, so that the next tile's K loads under this one. dS of block g is read by its owner's dQ and dK products and by the other consumer's dK
   // product in its next turn: three buffers in rotation, so that a buffer's next writer (block g + 3's owner,
   // after its S(g + 3), which follows that dK product in its own turn) finds it read. Clusters of more than two
-  // give a Q slot (16 KB) to the statistics slots of their peers.
+  // give a Q slot (16 KB) to the statistics slots of their peers. Saved-P: a dS buffer's next writer is the dP
+  // thread's TMA of block g + 3's P, after the buffer's ds_free; Q's only reader is the dK warpgroup.
   static constexpr int kQStages = kCluster <= 2 ? 4 : 3;
   static constexpr int kPStages = 3;
   static constexpr int kKBuffers = 2;
@@ -136,7 +137,7 @@ struct SpPpConfig {
   using TmaQ = TmaLoad<Element, HD, decltype(SmemLayoutQ{}(_, _, 0))>;
   using TmaK = TmaLoad<Element, HD, SmemLayoutK>;
   using TmaP = TmaLoad<Element, int32_t, SmemLayoutPSlot>;
-  struct Loads {  // (kb_loads; p unused: recompute)
+  struct Loads {  // (kb_loads; p read in saved-P only)
     TmaQ q;
     TmaK k;
     TmaP dp;

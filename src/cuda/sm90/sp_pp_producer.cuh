@@ -93,8 +93,8 @@ struct SpPpProducer {
     Tensor sdP = make_tensor(make_smem_ptr(st.dp.data()), typename Cfg::SmemLayoutP{});  // (BM, BN, PS)
     Tensor sP = make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdS2{});  // (BM, BN, DB), saved-P
     const auto probs = make_shape(int32_t(prob.Sq), int32_t(prob.Sk), int32_t(prob.Hq), int32_t(prob.B));
-    Tensor mdP = tma.dp.get_tma_tensor(probs);
-    Tensor mP = tma.p.get_tma_tensor(probs);
+    Tensor mdP = tma.dp.get_tma_tensor(probs);  // (Sq, Sk, Hq, B)
+    Tensor mP = tma.p.get_tma_tensor(probs);    // (Sq, Sk, Hq, B), saved-P
     int g = 0;  // the CTA's blocks so far
     const SpDqStore<Cfg> dq_out{params, st.dp.data()};
     auto state = cutlass::make_producer_start_state<typename Cfg::PPipeline>();
@@ -115,7 +115,9 @@ struct SpPpProducer {
       tma_load_tile(tma.dp, *p_pipe.producer_get_barrier(state), gdP, sdP(_, _, state.index()));
       if constexpr (Cfg::kSavedP) {
         const int buf = Cfg::ds_buffer(g);
-        if (g >= Cfg::kDsBuffers) cutlass::arch::ClusterBarrier::wait(&st.ds_free[buf], Cfg::ds_phase(g - Cfg::kDsBuffers));
+        if (g >= Cfg::kDsBuffers) {
+          cutlass::arch::ClusterBarrier::wait(&st.ds_free[buf], Cfg::ds_phase(g - Cfg::kDsBuffers));
+        }
         Tensor gP = local_tile(mP(_, _, h, work.b), Shape<BM, BN>{}, make_coord(mb, work.nb));  // (BM, BN)
         tma_load_tile(tma.p, *p_pipe.producer_get_barrier(state), gP, sP(_, _, buf));
       }

@@ -23,25 +23,27 @@ Status run_single_pass(const Problem& prob, SpForm form, CUstream_st* stream) {
   return {Code::kInternal, "unknown single-pass form"};
 }
 
-// The library's instance of clusters of `cluster` CTAs (1: one CTA) for element type T (sm90_instances.h), in prob's
-// mode.
+// The library's instance of clusters of kCluster CTAs (1: one CTA) for element type T (sm90_instances.h), in
+// prob's mode.
+template <class T, int kCluster>
+Status mode_instance(const Problem& prob, CUstream_st* stream) {
+  using cuda::sm90::SpPpConfig;
+  return prob.mode == BackwardMode::kSavedP
+             ? cuda::run_sm90_single_pass<SpPpConfig<T, 128, true, kCluster, true>>(prob, stream)
+             : cuda::run_sm90_single_pass<SpPpConfig<T, 128, true, kCluster>>(prob, stream);
+}
+
 template <class T>
 Status cluster_instance(const Problem& prob, int cluster, CUstream_st* stream) {
-  using cuda::sm90::SpPpConfig;
-  const bool saved_p = prob.mode == BackwardMode::kSavedP;
   switch (cluster) {
     case 1:
-      return saved_p ? cuda::run_sm90_single_pass<SpPpConfig<T, 128, true, 1, true>>(prob, stream)
-                     : cuda::run_sm90_single_pass<SpPpConfig<T, 128, true, 1>>(prob, stream);
+      return mode_instance<T, 1>(prob, stream);
     case 2:
-      return saved_p ? cuda::run_sm90_single_pass<SpPpConfig<T, 128, true, 2, true>>(prob, stream)
-                     : cuda::run_sm90_single_pass<SpPpConfig<T, 128, true, 2>>(prob, stream);
+      return mode_instance<T, 2>(prob, stream);
     case 4:
-      return saved_p ? cuda::run_sm90_single_pass<SpPpConfig<T, 128, true, 4, true>>(prob, stream)
-                     : cuda::run_sm90_single_pass<SpPpConfig<T, 128, true, 4>>(prob, stream);
+      return mode_instance<T, 4>(prob, stream);
     case 8:
-      return saved_p ? cuda::run_sm90_single_pass<SpPpConfig<T, 128, true, 8, true>>(prob, stream)
-                     : cuda::run_sm90_single_pass<SpPpConfig<T, 128, true, 8>>(prob, stream);
+      return mode_instance<T, 8>(prob, stream);
   }
   return {Code::kInternal, "no single pass in clusters of " + std::to_string(cluster)};
 }

@@ -1,7 +1,7 @@
 // Host side of the pingpong single pass (sp_pp_config.h): rows of up to 128 keys (one CTA) or 128·C (clusters of
 // C CTAs), recompute or saved-P mode (an instance each); the step loads as the key-block pass's (kb_loads), the
-// tile order (kb_scheduler.h: a (batch, key head)'s key blocks consecutive, one per CTA of its cluster; causal heads in mirrored pairs) and the
-// grid: one persistent CTA per SM (or as many clusters as fit at once), or one per tile (pair) where there are fewer.
+// tile order (kb_scheduler.h: a (batch, key head)'s key blocks consecutive, one per CTA of its cluster; causal
+// heads in mirrored pairs) and the grid: one persistent CTA per SM (or as many clusters as fit at once), or one per tile (pair) where there are fewer.
 // No workspace. One CTA stores every dQ row once (by TMA: dQ in its reach); in a cluster the row blocks that the
 // CTA of key block 0 alone sees are stored by it, the others added by each CTA into dQ cleared first
 // (sp_clear_dq_kernel). dK is stored once per tile: by TMA where the dK warpgroup holds it and dK is in TMA's reach,

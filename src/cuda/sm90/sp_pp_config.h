@@ -308,6 +308,11 @@ struct SpPpConfig {
     alignas(8) uint64_t stats_full[kCluster > 1 ? kConsumers * kPeers * kStatsSlots : 1];
   };
   static constexpr int kSmemBytes = int(sizeof(Storage));
+  // Block g's dS buffer free for it: block g − kDsBuffers's products done with it (the first blocks find it free).
+  // Awaited by its owner before dS (recompute) or by the dP thread before P's load (saved-P).
+  __device__ static void await_ds_free(Storage& st, int g) {
+    if (g >= kDsBuffers) cutlass::arch::ClusterBarrier::wait(&st.ds_free[ds_buffer(g)], ds_phase(g - kDsBuffers));
+  }
   static_assert(kSmemBytes <= kSm90SmemPerCta, "the pingpong single pass's shared memory exceeds a CTA's 227 KB");
 
   struct Params {

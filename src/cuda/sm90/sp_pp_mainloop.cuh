@@ -174,9 +174,7 @@ struct SpPpMainloop {
       }
       trace.mark(PpTracePhase::kSoftmax);
       // dS(j)'s buffer: block j − 3's products done (in saved-P awaited by the dP thread before P(j)'s load).
-      if (!kSavedP && j >= Cfg::kDsBuffers) {
-        cutlass::arch::ClusterBarrier::wait(&st.ds_free[Cfg::ds_buffer(j)], Cfg::ds_phase(j - Cfg::kDsBuffers));
-      }
+      if constexpr (!kSavedP) Cfg::await_ds_free(st, j);
       trace.mark(PpTracePhase::kDsFree);
       store_tile_matrices<Cfg, kBlockM>(ds_at + uint32_t(Cfg::ds_buffer(j)) * kTileBytes,
                                         typename Cfg::CopydS{}.get_thread_slice(tid).retile_S(tSrdS));

@@ -114,12 +114,9 @@ struct SpPpProducer {
       Tensor gdP = local_tile(mdP(_, _, h, work.b), Shape<BM, BN>{}, make_coord(mb, work.nb));  // (BM, BN)
       tma_load_tile(tma.dp, *p_pipe.producer_get_barrier(state), gdP, sdP(_, _, state.index()));
       if constexpr (Cfg::kSavedP) {
-        const int buf = Cfg::ds_buffer(g);
-        if (g >= Cfg::kDsBuffers) {
-          cutlass::arch::ClusterBarrier::wait(&st.ds_free[buf], Cfg::ds_phase(g - Cfg::kDsBuffers));
-        }
+        Cfg::await_ds_free(st, g);
         Tensor gP = local_tile(mP(_, _, h, work.b), Shape<BM, BN>{}, make_coord(mb, work.nb));  // (BM, BN)
-        tma_load_tile(tma.p, *p_pipe.producer_get_barrier(state), gP, sP(_, _, buf));
+        tma_load_tile(tma.p, *p_pipe.producer_get_barrier(state), gP, sP(_, _, Cfg::ds_buffer(g)));
       }
       ++state;
       ++g;

@@ -107,6 +107,8 @@ std::string usage() {
          "  --runs N                  timed calls per case, median reported (>= 20, default 30)\n"
          "  --warmup N                untimed calls first (>= 3, default 5)\n"
          "  --inject-error            perturb the outputs of the checked call: every case must FAIL\n"
+         "  --time-failed             time the cases whose check fails too (diagnostic builds that leave work\n"
+         "                            out); they stay failed\n"
          "  --cpu                     run the CPU backend (as when no CUDA GPU is found)\n"
          "  --plot                    run python3 plot.py on the JSON afterwards\n"
          "  --help\n";
@@ -125,6 +127,7 @@ Result parse_cli(int argc, char** argv, CliOptions* out) {
   const std::map<std::string_view, std::function<void()>> switches = {
       {"--no-mask", [&] { o.mask = Mask::kNone; }},
       {"--inject-error", [&] { o.inject_error = true; }},
+      {"--time-failed", [&] { o.time_failed = true; }},
       {"--cpu", [&] { o.force_cpu = true; }},
       {"--no-baseline", [&] { o.impls = {kImplQkSoftmax}; }},
       {"--plot", [&] { o.plot = true; }},

@@ -26,6 +26,7 @@ struct CliOptions {
   int runs = 0;
   int warmup = 0;
   bool inject_error = false;
+  bool time_failed = false;  // failed cases timed all the same (diagnostic builds)
   bool force_cpu = false;
   bool plot = false;
   bool help = false;

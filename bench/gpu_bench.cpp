@@ -28,7 +28,8 @@ Result run_gpu(const CliOptions& options, Report* report) {
   std::fflush(stdout);
 
   std::fprintf(stderr, "measuring the ceilings ...\n");
-  GpuContext ctx{stream.get(), info.l2_bytes, {}, options.warmup, options.runs, options.inject_error};
+  GpuContext ctx{stream.get(), info.l2_bytes, {}, options.warmup, options.runs, options.inject_error,
+                 options.time_failed};
   QKB_TRY(measure_ceilings(stream.get(), cublas.get(), &ctx.ceilings));
   report->env.ceilings = ctx.ceilings;
   print_ceilings(ctx.ceilings);

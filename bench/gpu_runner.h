@@ -15,6 +15,7 @@ struct GpuContext {
   int warmup = 0;
   int runs = 0;
   bool inject_error = false;
+  bool time_failed = false;
 };
 
 CaseResult run_gpu_case(const GpuContext& ctx, Impl& impl, const CaseSpec& spec, const StageFn& stage);

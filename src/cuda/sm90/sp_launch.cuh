@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <string>
 
 #include "cuda/device.h"
@@ -84,6 +85,10 @@ Status run_sm90_single_pass(const Problem& prob, CUstream_st* stream, [[maybe_un
                                 SpCfg::TileOrder::of(prob, head_bytes),
                                 typename SpCfg::TmaStoredK{},
                                 false};
+  if constexpr (sm90::kSm90SpDiag) {
+    const char* diag = std::getenv("QKSOFTMAX_SM90_SP_DIAG");
+    params.diag = diag != nullptr ? std::atoi(diag) : 0;
+  }
   if (SpCfg::kDkWarpgroup && sm90::kSm90SpDkByTma && tma_compatible(prob.dk, sizeof(Element))) {
     params.tma_dk =
         make_tma_copy(cute::SM90_TMA_STORE{}, gradient(prob.dk, prob.Sk, prob.Hk), typename SpCfg::SmemLayoutK{});

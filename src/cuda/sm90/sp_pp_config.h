@@ -45,6 +45,18 @@ constexpr bool kSm90SpNoExchange = true;
 constexpr bool kSm90SpNoExchange = false;
 #endif
 
+// QKSOFTMAX_SM90_SP_DIAG, a diagnostic build's knob: Params::diag, read at launch from the environment variable of
+// that name, leaves traffic out so that a bench run times the pass without it (results wrong): bit 0 the shared
+// blocks' dQ stored instead of added, bit 1 not written at all, bit 2 Q not loaded, bit 3 dP and P not loaded
+// (their barriers' bytes completed by the loading thread instead).
+#ifdef QKSOFTMAX_SM90_SP_DIAG
+constexpr bool kSm90SpDiag = true;
+#else
+constexpr bool kSm90SpDiag = false;
+#endif
+enum SpDiag : int { kDiagDqStored = 1, kDiagDqDropped = 2, kDiagNoQ = 4, kDiagNoP = 8 };
+__host__ __device__ constexpr bool sp_diag(int diag, int bit) { return kSm90SpDiag && (diag & bit) != 0; }
+
 
 // A consumer thread's release of a ring slot (`ring`: a PipelineTmaAsync's shared storage): one arrival on this
 // CTA's own empty barrier. CUTLASS's consumer_release, for a pipeline built for a cluster of one, arrives on the
@@ -323,6 +335,7 @@ struct SpPpConfig {
     TileOrder order;
     TmaStoredK tma_dk;       // (with a dK warpgroup, where dk_by_tma)
     bool dk_by_tma = false;  // dK in TMA's reach (tma_compatible) and kSm90SpDkByTma
+    int diag = 0;            // (kSm90SpDiag: SpDiag bits)
   };
 
   // Whether row block `mb` of key block `nb`'s CTA is shared with other CTAs of the cluster, its dQ then added into

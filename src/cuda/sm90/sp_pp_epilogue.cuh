@@ -51,7 +51,8 @@ struct SpDqStore {
     const auto dq_shape = make_shape(int32_t(prob.Sq), HD{}, int32_t(prob.Hq), int32_t(prob.B));
     bool shared = false;
     if constexpr (Cfg::kCluster > 1) shared = Cfg::shared_block(params.order, nb, mb);
-    if (shared) {
+    if (shared && sp_diag(params.diag, kDiagDqDropped)) return;
+    if (shared && !sp_diag(params.diag, kDiagDqStored)) {
       Tensor gdQ = local_tile(params.tma_dq_add.get_tma_tensor(dq_shape)(_, _, head, b), Shape<BM, HD>{},
                               make_coord(mb, 0));  // (BM, D)
       tma_store_tile(params.tma_dq_add, sdQ, gdQ);

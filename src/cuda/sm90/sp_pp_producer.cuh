@@ -49,7 +49,12 @@ struct SpPpProducer {
         q_pipe.producer_acquire(state);  // expects the slot's bytes
         trace.mark(KbTracePhase::kAcquire);
         Tensor gQ = local_tile(mQ(_, _, h, work.b), Shape<BM, HD>{}, make_coord(mb, 0));  // (BM, D)
-        tma_load_tile(tma.q, *q_pipe.producer_get_barrier(state), gQ, sQ(_, _, state.index()));
+        if (sp_diag(params.diag, kDiagNoQ)) {
+          Cfg::TxBarrier::complete_transaction(q_pipe.producer_get_barrier(state), cute::block_rank_in_cluster(),
+                                               Cfg::kQBytes);
+        } else {
+          tma_load_tile(tma.q, *q_pipe.producer_get_barrier(state), gQ, sQ(_, _, state.index()));
+        }
         if (first) kb_load_k<Cfg>(params, st, work, mK, sK, k_loads);  // K of the tile, after its first Q
         first = false;
         trace.mark(KbTracePhase::kIssueLoads);
@@ -112,8 +117,15 @@ struct SpPpProducer {
       block[0] = int32_t(work.b), block[1] = int32_t(h), block[2] = mb;
       if constexpr (Cfg::kCluster > 1) block[3] = work.nb;
       Tensor gdP = local_tile(mdP(_, _, h, work.b), Shape<BM, BN>{}, make_coord(mb, work.nb));  // (BM, BN)
-      tma_load_tile(tma.dp, *p_pipe.producer_get_barrier(state), gdP, sdP(_, _, state.index()));
-      if constexpr (Cfg::kSavedP) {
+      if (sp_diag(params.diag, kDiagNoP)) {
+        Cfg::TxBarrier::complete_transaction(p_pipe.producer_get_barrier(state), cute::block_rank_in_cluster(),
+                                             Cfg::kPSlotBytes);
+      } else {
+        tma_load_tile(tma.dp, *p_pipe.producer_get_barrier(state), gdP, sdP(_, _, state.index()));
+      }
+      if (Cfg::kSavedP && sp_diag(params.diag, kDiagNoP)) {
+        Cfg::await_ds_free(st, g);
+      } else if constexpr (Cfg::kSavedP) {
         Cfg::await_ds_free(st, g);
         Tensor gP = local_tile(mP(_, _, h, work.b), Shape<BM, BN>{}, make_coord(mb, work.nb));  // (BM, BN)
         tma_load_tile(tma.p, *p_pipe.producer_get_barrier(state), gP, sP(_, _, Cfg::ds_buffer(g)));

@@ -10,6 +10,7 @@
 #
 #   scripts/sp-profile-check.sh            (carry .deps; about 9 minutes on the H200's 16 cores)
 #   BUDGET_S=400 SKIP="ctest" scripts/sp-profile-check.sh
+#   SANITIZE='*GpuSpSavedP*' SKIP="profile" scripts/sp-profile-check.sh   (those kernel tests under compute-sanitizer)
 # CUDA_FLAGS builds the tree with those flags (an A/B knob such as -DQKSOFTMAX_SM90_SP_MAX_CLUSTER=8) and, with the
 # tests skipped (SKIP="tests ctest"), the bench alone; PROFILES replaces the profiled kernels ("name case regex
 # launches", ';'-separated).
@@ -66,6 +67,14 @@ if ! skipped profile; then
   done
   last=$(find "$REPORTS" -name '*.ncu-rep' | sort | tail -1)
   [ -n "$last" ] && cp "$last" "$OUT/"
+fi
+# SANITIZE: a gtest filter of kernel tests run under compute-sanitizer's four tools (small shapes), before ctest.
+if [ -n "${SANITIZE:-}" ] && ! skipped tests; then
+  for tool in initcheck memcheck racecheck synccheck; do
+    QKSOFTMAX_TEST_SHAPES=small stage "sanitize-$tool" 80 compute-sanitizer --tool $tool --error-exitcode 1 \
+      build/spp/tests/cpp/qksoftmax_kernel_tests --gtest_filter="$SANITIZE" --gtest_brief=1
+    echo "$tool: $(grep -hE 'PASSED|FAILED|ERROR SUMMARY|RACECHECK SUMMARY' "$LOGS/sanitize-$tool.log" | tr '\n' ' ')"
+  done
 fi
 if ! skipped ctest; then
   stage ctest 300 ctest --test-dir build/spp -j 14 --timeout 100 -E 'IndexingPast2To31|api_fuzz_cpu|stress_cpu'

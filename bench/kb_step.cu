@@ -239,7 +239,7 @@ constexpr const char* kSpConsumerPhases[] = {"wait S dP", "sums",       "push", 
                                              "tile start", "tile end",  "tile read", "tile K"};
 static_assert(int(std::size(kSpConsumerPhases)) == int(PpTracePhase::kCount), "a name per phase");
 using qksoftmax::cuda::sm90::PpDkTracePhase;
-constexpr const char* kSpDkPhases[] = {"dS wait", "product", "store dQ", "tile end"};
+constexpr const char* kSpDkPhases[] = {"dS wait", "product", "tile end"};
 static_assert(int(std::size(kSpDkPhases)) == int(PpDkTracePhase::kCount), "a name per phase");
 static_assert(Sp::kMaxSk == kSpKeys && Sp::kBlockM == kKbBlockM, "the single pass's block is the key-block step");
 static_assert(Sp2::kMaxSk == Sp2::kCluster * kSpKeys && Sp8::kMaxSk == kKbKeys, "a cluster's CTA holds kSpKeys keys");

@@ -14,10 +14,9 @@
 //                  its 64 keys over every block), dQ = dS K and S of its next block; then stages dQ in the
 //                  block's dP slot (sp_pp_mainloop.cuh). Saved-P (kSavedP): no S; the dP thread loads the
 //                  block's P into its dS buffer, the owner reads it there with dP, reduces D = Σ P dP over its
-//                  keys (and the cluster's) and writes dS over P, which ends its block: no products, no turns;
+//                  keys (and the cluster's) and writes dS over P; its turn issues dQ alone;
 //   warpgroup 3    with kDkWarpgroup, dK of the tile's 128 keys (sp_pp_dk.cuh), staged at the tile's end in the
-//                  tile's K buffer and stored from there by warp 2 of the producer warpgroup (one thread, TMA);
-//                  in saved-P also each block's dQ, staged in the block's dP slot (kDqByDkWarpgroup).
+//                  tile's K buffer and stored from there by warp 2 of the producer warpgroup (one thread, TMA).
 // No statistics pass, no workspace, no atomics: the sums run in a fixed order (deterministic by construction).
 #pragma once
 
@@ -99,10 +98,6 @@ struct SpPpConfig {
   // dQ and S alone (docs/DESIGN.md, the way down, 3).
   static constexpr bool kDkWarpgroup = kDkWarpgroup_;
   static_assert(kDkWarpgroup || !kSavedP, "saved-P: the dispatched form (the dK warpgroup Q's only reader)");
-  // Saved-P: the dK warpgroup issues each block's dQ = dS K beside its dK and stages dQ for its store, so that the
-  // consumers issue no products and take no turns: their work per block is P and dP read, D, dS written
-  // (sp_pp_dk.cuh). Recompute keeps dQ in the owner's turn (the consumers issue S, whose accumulator they hold).
-  static constexpr bool kDqByDkWarpgroup = kSavedP;
 
   // Rings. Q of block g is read by S(g) (issued in its owner's turn two blocks before), the owner's dK product and
   // the other consumer's (the first of their turns g and g + 1): four slots, the load of Q(g + 2) starting in the
@@ -112,8 +107,7 @@ struct SpPpConfig {
   // product in its next turn: three buffers in rotation, so that a buffer's next writer (block g + 3's owner,
   // after its S(g + 3), which follows that dK product in its own turn) finds it read. Clusters of more than two
   // give a Q slot (16 KB) to the statistics slots of their peers. Saved-P: a dS buffer's next writer is the dP
-  // thread's TMA of block g + 3's P, after the buffer's ds_free; Q's, K's and dS's only reader is the dK
-  // warpgroup, and a dP slot comes back from it with the block's dQ.
+  // thread's TMA of block g + 3's P, after the buffer's ds_free; Q's only reader is the dK warpgroup.
   static constexpr int kQStages = kCluster <= 2 ? 4 : 3;
   static constexpr int kPStages = 3;
   static constexpr int kKBuffers = 2;
@@ -256,10 +250,9 @@ struct SpPpConfig {
   // With a dK warpgroup the consumers give up dK's 64 registers and the dK warpgroup holds all 128 keys' (128).
   // The load thread's static walk of mirrored pairs spills at 24 registers, not at 32: the dK warpgroup gives up
   // the 8. Without it the consumers' 240 leave the producers 24.
-  // With dQ in the dK warpgroup (saved-P) it holds dK and dQ (192) and the consumers P, dP and dS.
   static constexpr int kProducerRegs = kDkWarpgroup ? 32 : 24;
-  static constexpr int kConsumerRegs = kDkWarpgroup ? (kDqByDkWarpgroup ? 128 : 160) : 240;
-  static constexpr int kDkRegs = kDqByDkWarpgroup ? 224 : 160;
+  static constexpr int kConsumerRegs = kDkWarpgroup ? 160 : 240;
+  static constexpr int kDkRegs = 160;
   static constexpr int kLaunchRegs = 64 * 1024 / kThreads / 8 * 8;
   static_assert(kWarpgroupThreads * (kProducerRegs + kConsumers * kConsumerRegs + (kDkWarpgroup ? kDkRegs : 0)) <=
                     kThreads * kLaunchRegs,
@@ -270,16 +263,13 @@ struct SpPpConfig {
   // Q's readers that release its slots: both consumers (each reads every block's Q), or with a dK warpgroup the
   // block's owner (its S) and the dK warpgroup: 256 threads either way; in saved-P the dK warpgroup alone.
   static constexpr int kQReleasers = (kSavedP ? 1 : 2) * kWarpgroupThreads;
-  // Arrivals that free a dS buffer: its owner's and the other consumer's, or the owner's and the dK warpgroup's;
-  // with dQ in the dK warpgroup, the dK warpgroup's alone.
-  static constexpr int kDsReaders = (kDqByDkWarpgroup ? 1 : 2) * kWarpgroupThreads;
+  // Arrivals that free a dS buffer: its owner's and the other consumer's, or the owner's and the dK warpgroup's.
+  static constexpr int kDsReaders = 2 * kWarpgroupThreads;
   using Trace = NoTrace;  // the step micro-benchmark's configs time the phases (trace.h)
   // A consumer's statistics slots, per peer, by the parity of its exchanges with that peer: the peer pushes its
-  // x-th exchange of a consumer only after it received all of this CTA's (x − 1)-th, which every warp of this
-  // consumer pushes part of (each warp its own rows, lane p mod 4 of each quad to peer p) after its own reads of
-  // slot x − 2: in program order, and within the warp past the warp-wide shuffles and ldmatrix of block
-  // x − 1's sums (and in recompute past its turn of exchange x − 2, a warpgroup-wide barrier). A pair of CTAs
-  // exchanges the same blocks, of the same consumer in each: two slots need no "empty" barrier.
+  // x-th exchange of a consumer only after it received this CTA's (x − 1)-th, which this consumer's warpgroup
+  // pushes after its turn of exchange x − 2, so after every thread of it read slot x − 2 (a pair of CTAs
+  // exchanges the same blocks, of the same consumer in each): two slots need no "empty" barrier.
   static constexpr int kStatsSlots = 2;
   // How a consumer combines its rows' partials (SpPpExchange::combine): every lane all of both its rows' (clusters
   // of 2), or a row's split between two lanes of its quad and merged (clusters of 4 and 8; H200, 2026-12-04,
@@ -315,7 +305,6 @@ struct SpPpConfig {
     // the tile's dK stored from it (the dK store thread's arrival, after k_read and dk_full).
     alignas(8) uint64_t k_empty[kKBuffers];
     // With a dK warpgroup, by K buffer: its tile's last products complete (every consumer thread arrives) ...
-    // (Unused in saved-P, where the dK warpgroup reads K itself.)
     alignas(8) uint64_t k_read[kDkWarpgroup ? kKBuffers : 1];
     // ... and its tile's dK written: staged in it, or stored from registers (every dK warpgroup thread arrives).
     alignas(8) uint64_t dk_full[kDkWarpgroup ? kKBuffers : 1];

@@ -6,16 +6,13 @@
 // last time (k_read), it rounds dK into the tile's K buffer by stmatrix (dk_full), from where the dK store thread
 // stores it by TMA (sp_pp_producer.cuh): the next tile's first dS waits behind 16 stmatrix a thread, not behind
 // 64 four-byte global stores. Where dK is out of TMA's reach it stores dK from registers instead (the store thread
-// then awaits k_read itself). In saved-P (Cfg::kDqByDkWarpgroup) it issues each block's dQ = dS K as well, ahead of
-// the block's dK, and stages dQ in the block's dP slot while dK runs (64 more registers a thread): the consumers
-// then issue no products at all.
+// then awaits k_read itself).
 #pragma once
 
 #include <cutlass/arch/barrier.h>
 
 #include "cuda/sm90/kb_epilogue.cuh"
 #include "cuda/sm90/sp_pp_config.h"
-#include "cuda/sm90/sp_pp_epilogue.cuh"
 #include "cuda/sm90/trace.h"
 
 namespace qksoftmax::cuda::sm90 {
@@ -26,7 +23,6 @@ struct SpPpDkWarpgroup {
   using BN = typename Cfg::BN;
   using HD = typename Cfg::HD;
   using Element = typename Cfg::Element;
-  using FragdQ = typename SpDqStore<Cfg>::FragdQ;  // (MMA, 1, 1) fp32
 
   const typename Cfg::Params& params;
   typename Cfg::Storage& st;
@@ -43,18 +39,6 @@ struct SpPpDkWarpgroup {
     const Tensor tdKsQ = thr_dk.partition_fragment_B(sQt);         // (MMA, 1, BM/16, QS) descriptors
     const Tensor tdKcdK = thr_dk.partition_C(make_identity_tensor(Shape<BN, HD>{}));  // (MMA, 2, 1) → (key, d)
 
-    // With dQ here (Cfg::kDqByDkWarpgroup): dQ = dS K, M = rows, N = D, K = keys, staged in the block's dP slot.
-    Tensor sdS = make_tensor(make_smem_ptr(st.ds.data()), typename Cfg::SmemLayoutdS2{});  // (BM, BN, DB)
-    Tensor sKt = make_tensor(make_smem_ptr(st.k.data()), typename Cfg::SmemLayoutKtB{});   // (D, BN, KB)
-    typename Cfg::MmadQ mma_dq;
-    auto thr_dq = mma_dq.get_thread_slice(tid);
-    const Tensor tdQsdS = thr_dq.partition_fragment_A(sdS);  // (MMA, 1, BN/16, DB) descriptors
-    const Tensor tdQsK = thr_dq.partition_fragment_B(sKt);   // (MMA, 1, BN/16, KB) descriptors
-    const SpDqStore<Cfg> dq_out{params, st.dp.data()};
-    const uint32_t dp_at = smem_addr(st.dp.data()) + Cfg::matrix_first(tid);
-    constexpr int kDkBlocks = size<2>(decltype(tdKsdS.layout()){});
-    constexpr int kDqBlocks = size<2>(decltype(tdQsdS.layout()){});
-
     int g = 0;        // the CTA's blocks so far
     int k_loads = 0;  // tiles with blocks so far
     KbTileReader<Cfg> tiles(params, st);
@@ -62,55 +46,25 @@ struct SpPpDkWarpgroup {
       const KbWork<Cfg> work(params.order, tile);
       mma_dk.accumulate_ = GMMA::ScaleOut::One;
       clear(tdKrdK);
-      const KBufferUse<Cfg> use(k_loads);
-      if constexpr (Cfg::kDqByDkWarpgroup) {
-        if (work.steps > 0) Cfg::TxBarrier::wait(&st.k_full[use.buffer], use.phase);  // (dQ reads K)
-      }
-      for (int t = 0; t < work.steps; ++t) {  // block g's dS(g)ᵀ Q(g) (and dS(g) K)
+      for (int t = 0; t < work.steps; ++t) {  // block g's dS(g)ᵀ Q(g)
         const int buf = Cfg::ds_buffer(g);
         cutlass::arch::ClusterBarrier::wait(&st.ds_full[buf], Cfg::ds_phase(g));
         const auto q_state = block_state<Cfg::kQStages>(g);
         q_pipe.consumer_wait(q_state);  // (the owner awaited it for S; this warpgroup reads it too)
         trace.mark(PpDkTracePhase::kDsWait);
-        if constexpr (Cfg::kDqByDkWarpgroup) {
-          // dQ(g), then dK += dS(g)ᵀ Q(g), each a batch. Once dQ(g) is done (and with it block g − 1's dK, the
-          // batch before), block g − 1's dS buffer and Q slot are freed, and dQ(g) is staged in dP(g)'s slot
-          // (its owner read dP(g) before it wrote dS(g)) and the slot handed back to the dP thread, which stores
-          // dQ(g) from it, while dK(g) runs.
-          FragdQ tdQrdQ;  // (MMA, 1, 1) fp32
-          warpgroup_mma<kDqBlocks, true, false>(mma_dq, tdQsdS(_, _, _, buf), tdQsK(_, _, _, use.buffer), tdQrdQ);
-          warpgroup_mma<kDkBlocks, false, false>(mma_dk, tdKsdS(_, _, _, buf), tdKsQ(_, _, _, q_state.index()),
-                                                 tdKrdK);
-          warpgroup_wait<1>();
-          warpgroup_fence_operand(tdQrdQ);
-          if (t > 0) release_block(g - 1);
-          trace.mark(PpDkTracePhase::kProduct);
-          const auto p_state = block_state<Cfg::kPStages>(g);
-          dq_out.stage(tdQrdQ, dp_at, p_state.index(), tid);
-          release_slot(st.p_pipe, p_state);
-          trace.mark(PpDkTracePhase::kStoreDq);
-        } else {
-          warpgroup_mma<kDkBlocks, false>(mma_dk, tdKsdS(_, _, _, buf), tdKsQ(_, _, _, q_state.index()), tdKrdK);
-          release_block(g);
-          trace.mark(PpDkTracePhase::kProduct);
-        }
+        warpgroup_mma<size<2>(decltype(tdKsdS.layout()){}), false>(mma_dk, tdKsdS(_, _, _, buf),
+                                                                  tdKsQ(_, _, _, q_state.index()), tdKrdK);
+        cutlass::arch::ClusterBarrier::arrive(&st.ds_free[buf]);  // dS(g) read here
+        release_slot(st.q_pipe, q_state);
+        trace.mark(PpDkTracePhase::kProduct);
         ++g;
-      }
-      if constexpr (Cfg::kDqByDkWarpgroup) {
-        if (work.steps > 0) {  // the tile's last dK
-          warpgroup_wait<0>();
-          warpgroup_fence_operand(tdKrdK);
-          release_block(g - 1);
-        }
       }
       if (work.steps == 0) {
         kb_store_dk<Cfg, Cfg::kBlockN>(params, 0, tdKrdK, tdKcdK, work);  // (its zeros: no K buffer)
       } else {
-        ++k_loads;
+        const KBufferUse<Cfg> use(k_loads++);
         if (params.dk_by_tma) {
-          if constexpr (!Cfg::kDqByDkWarpgroup) {  // the consumers' last reads of K (saved-P: its own, awaited)
-            cutlass::arch::ClusterBarrier::wait(&st.k_read[use.buffer], use.phase);
-          }
+          cutlass::arch::ClusterBarrier::wait(&st.k_read[use.buffer], use.phase);  // the consumers' last reads of K
           stage(tdKrdK, use.buffer, tid);
         } else {
           kb_store_dk<Cfg, Cfg::kBlockN>(params, 0, tdKrdK, tdKcdK, work);
@@ -119,12 +73,6 @@ struct SpPpDkWarpgroup {
       }
       trace.mark(PpDkTracePhase::kTileEnd);
     }
-  }
-
-  // Block g's products done with its dS buffer and Q slot: both freed.
-  __device__ void release_block(int g) const {
-    cutlass::arch::ClusterBarrier::arrive(&st.ds_free[Cfg::ds_buffer(g)]);
-    release_slot(st.q_pipe, block_state<Cfg::kQStages>(g));
   }
 
   // dK (this thread's accumulator), finished (KbFinish) and rounded, into K buffer `buffer` by stmatrix, one

@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   p_params.transaction_bytes = Cfg::kPSlotBytes;  // (dP, and in saved-P P)
   p_params.role = warpgroup == 0 ? PPipeline::ThreadCategory::Producer : PPipeline::ThreadCategory::Consumer;
   p_params.is_leader = dp_thread;
-  p_params.num_consumers = Cfg::kWarpgroupThreads;  // a dP slot's owner alone (saved-P: the dK warpgroup)
+  p_params.num_consumers = Cfg::kWarpgroupThreads;  // a dP slot's owner alone
   PPipeline p_pipe(st.p_pipe, p_params, Shape<_1, _1, _1>{});
 
   typename TilePipeline::Params tile_params;

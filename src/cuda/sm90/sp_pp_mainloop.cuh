@@ -9,8 +9,8 @@
 //   and the slot handed back: the dP load thread stores dQ(j) from it by TMA before it loads the slot again.
 // In a cluster, the statistics of a block whose rows see keys of other CTAs are combined with theirs
 // (sp_pp_exchange.cuh) before dS. Saved-P (Cfg::kSavedP): no S; P(j) is read from dS(j)'s buffer, where the dP
-// thread loaded it on dP(j)'s slot barrier, with dP(j); the statistics are D alone, and dS(j) is written over P(j),
-// which ends the block: the dK warpgroup issues dQ(j) and stages it (Cfg::kDqByDkWarpgroup; no turns).
+// thread loaded it on dP(j)'s slot barrier, with dP(j); the statistics are D alone, and dS(j) is written over P(j);
+// the turn issues dQ(j) alone.
 // S(j + 2) runs during the other consumer's element-wise work and turn, and each warpgroup's exponentials and
 // reductions under the other's products. At a tile's end the consumer that does not own the last block adds that
 // block's dK (its dS announced by kTileDsBarrier); each stores dK of its 64 keys.
@@ -168,11 +168,6 @@ struct SpPpMainloop {
       }
       FragS16 tSrdS;  // (MMA, 1, 1)
       if constexpr (kSavedP) {
-        // P and dP read again (both stay in shared memory until dS is written over P), so that neither is held
-        // through the exchange: with the products in the dK warpgroup the consumers have 128 registers.
-        load_tile_matrices<Cfg, kBlockM>(dp_at + uint32_t(p_state.index()) * kTileBytes, copy_dp.retile_D(tSrdP));
-        load_tile_matrices<Cfg, kBlockM>(ds_at + uint32_t(Cfg::ds_buffer(j)) * kTileBytes, copy_dp.retile_D(tSrP));
-        softmax.mask_p(tSrP, m0, n0, cut);
         softmax.ds(tSrP, tSrdP, cut, f, fd, tSrdS);
       } else {
         softmax.ds(tSrS, tSrdP, cut, f, fd, tSrdS);
@@ -191,77 +186,76 @@ struct SpPpMainloop {
       }
       trace.mark(PpTracePhase::kStoreDs);
 
-      if constexpr (!Cfg::kDqByDkWarpgroup) {  // (saved-P: the dK warpgroup issues dQ, the block ends here)
-        // The turn (its own named barrier, opened by the other consumer's end of turn, after which its dS of block
-        // j − 1 is visible here), three batches back to back: dK over this consumer's keys of block j − 1 (the
-        // other's, where the tile has it) and of block j, dQ(j), S(j + 2) (where the tile has it); then the other
-        // consumer's turn opened. Then, as they complete: the Q slots handed back and dS(j − 1) announced read by
-        // this consumer; dS(j) announced read (its dK and dQ products done); dQ(j) staged in dP(j)'s slot (its dP
-        // in registers since the statistics, each warp its own rows) and the slot handed back to the dP load
-        // thread, which stores dQ(j) from it. S(j + 2) runs on into the other consumer's turn.
-        cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kTurnBarrier + w);
-        trace.mark(PpTracePhase::kTurnWait);
-        const auto q_prev = block_state<kQStages>(j - 1);
-        // (Compiled once per case, each with its own constant waits; inlined: a call would pass the fragments
-        // through the stack.)
-        const auto turn = [&](auto has_prev, auto has_next) __attribute__((always_inline)) {
-          [[maybe_unused]] constexpr bool kPrev = decltype(has_prev)::value;  // (read without a dK warpgroup)
-          constexpr bool kNext = decltype(has_next)::value;
-          constexpr int kDqBlocks = size<2>(decltype(tdQsdS.layout()){});
-          if constexpr (!kDkWarpgroup) {  // (with a dK warpgroup, dK is its own)
-            if constexpr (kPrev) q_pipe.consumer_wait(q_prev);  // (its owner awaited it; this consumer reads it too)
-            warpgroup_fence_operand(tdKrdK);
-            warpgroup_arrive();
-            if constexpr (kPrev) add_dk(Cfg::ds_buffer(j - 1), q_prev.index());
-            add_dk(Cfg::ds_buffer(j), q_state.index());
-            warpgroup_commit_batch();
+      // The turn (its own named barrier, opened by the other consumer's end of turn, after which its dS of block
+      // j − 1 is visible here), three batches back to back: dK over this consumer's keys of block j − 1 (the
+      // other's, where the tile has it) and of block j, dQ(j), S(j + 2) (where the tile has it); then the other
+      // consumer's turn opened. Then, as they complete: the Q slots handed back and dS(j − 1) announced read by
+      // this consumer; dS(j) announced read (its dK and dQ products done); dQ(j) staged in dP(j)'s slot (its dP
+      // in registers since the statistics, each warp its own rows) and the slot handed back to the dP load
+      // thread, which stores dQ(j) from it. S(j + 2) runs on into the other consumer's turn.
+      cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kTurnBarrier + w);
+      trace.mark(PpTracePhase::kTurnWait);
+      const auto q_prev = block_state<kQStages>(j - 1);
+      // (Compiled once per case, each with its own constant waits; inlined: a call would pass the fragments
+      // through the stack.)
+      const auto turn = [&](auto has_prev, auto has_next) __attribute__((always_inline)) {
+        [[maybe_unused]] constexpr bool kPrev = decltype(has_prev)::value;  // (read without a dK warpgroup)
+        constexpr bool kNext = decltype(has_next)::value;
+        constexpr int kDqBlocks = size<2>(decltype(tdQsdS.layout()){});
+        if constexpr (!kDkWarpgroup) {  // (with a dK warpgroup, dK is its own)
+          if constexpr (kPrev) q_pipe.consumer_wait(q_prev);  // (its owner awaited it; this consumer reads it too)
+          warpgroup_fence_operand(tdKrdK);
+          warpgroup_arrive();
+          if constexpr (kPrev) add_dk(Cfg::ds_buffer(j - 1), q_prev.index());
+          add_dk(Cfg::ds_buffer(j), q_state.index());
+          warpgroup_commit_batch();
+        }
+        FragdQ tdQrdQ;  // (MMA, 1, 1) fp32
+        warpgroup_mma<kDqBlocks, true, false>(mma_dq, tdQsdS(_, _, _, Cfg::ds_buffer(j)), tdQsK(_, _, _, k_use.buffer),
+                                              tdQrdQ);
+        if constexpr (kNext) issue_s(j_next, k_use);
+        cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTurnBarrier + other);
+        trace.mark(PpTracePhase::kIssue);
+        constexpr int kAfterDq = kNext ? 1 : 0;  // batches issued after dQ's
+        if constexpr (!kDkWarpgroup) {
+          warpgroup_wait<kAfterDq + 1>();
+          warpgroup_fence_operand(tdKrdK);
+          if constexpr (kPrev) {
+            cutlass::arch::ClusterBarrier::arrive(&st.ds_free[Cfg::ds_buffer(j - 1)]);
+            release_slot(st.q_pipe, q_prev);
           }
-          FragdQ tdQrdQ;  // (MMA, 1, 1) fp32
-          warpgroup_mma<kDqBlocks, true, false>(mma_dq, tdQsdS(_, _, _, Cfg::ds_buffer(j)), tdQsK(_, _, _, k_use.buffer),
-                                                tdQrdQ);
-          if constexpr (kNext) issue_s(j_next, k_use);
-          cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTurnBarrier + other);
-          trace.mark(PpTracePhase::kIssue);
-          constexpr int kAfterDq = kNext ? 1 : 0;  // batches issued after dQ's
-          if constexpr (!kDkWarpgroup) {
-            warpgroup_wait<kAfterDq + 1>();
-            warpgroup_fence_operand(tdKrdK);
-            if constexpr (kPrev) {
-              cutlass::arch::ClusterBarrier::arrive(&st.ds_free[Cfg::ds_buffer(j - 1)]);
-              release_slot(st.q_pipe, q_prev);
-            }
-            release_slot(st.q_pipe, q_state);
-          }
-          warpgroup_wait<kAfterDq>();
-          warpgroup_fence_operand(tdQrdQ);
-          cutlass::arch::ClusterBarrier::arrive(&st.ds_free[Cfg::ds_buffer(j)]);
-          trace.mark(PpTracePhase::kWaitProducts);
-          dq_out.stage(tdQrdQ, dp_at, p_state.index(), tid);
-          release_slot(st.p_pipe, p_state);  // (the dP load thread stores dQ from the slot before loading it again)
-          trace.mark(PpTracePhase::kStoreDq);
-        };
-        if constexpr (kDkWarpgroup) {  // (kPrev unread: dK is the dK warpgroup's)
-          if (next) {
-            turn(std::false_type{}, std::true_type{});
-          } else {
-            turn(std::false_type{}, std::false_type{});
-          }
-        } else if (prev) {
-          if (next) {
-            turn(std::true_type{}, std::true_type{});
-          } else {
-            turn(std::true_type{}, std::false_type{});
-          }
-        } else if (next) {
+          release_slot(st.q_pipe, q_state);
+        }
+        warpgroup_wait<kAfterDq>();
+        warpgroup_fence_operand(tdQrdQ);
+        cutlass::arch::ClusterBarrier::arrive(&st.ds_free[Cfg::ds_buffer(j)]);
+        trace.mark(PpTracePhase::kWaitProducts);
+        dq_out.stage(tdQrdQ, dp_at, p_state.index(), tid);
+        release_slot(st.p_pipe, p_state);  // (the dP load thread stores dQ from the slot before loading it again)
+        trace.mark(PpTracePhase::kStoreDq);
+      };
+      if constexpr (kSavedP) {  // (no S to issue; kPrev unread: dK is the dK warpgroup's)
+        turn(std::false_type{}, std::false_type{});
+      } else if constexpr (kDkWarpgroup) {  // (kPrev unread: dK is the dK warpgroup's)
+        if (next) {
           turn(std::false_type{}, std::true_type{});
         } else {
           turn(std::false_type{}, std::false_type{});
         }
+      } else if (prev) {
+        if (next) {
+          turn(std::true_type{}, std::true_type{});
+        } else {
+          turn(std::true_type{}, std::false_type{});
+        }
+      } else if (next) {
+        turn(std::false_type{}, std::true_type{});
+      } else {
+        turn(std::false_type{}, std::false_type{});
       }
     };
     // The turns run on across tiles: consumer 0 takes the CTA's first.
-    constexpr bool kTurns = !Cfg::kDqByDkWarpgroup;
-    if (kTurns && w == 1) cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTurnBarrier + 0);
+    if (w == 1) cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTurnBarrier + 0);
     KbTileReader<Cfg> tiles(params, st);
     for (KbTile tile; tiles.next(tile);) {
       trace.mark(PpTracePhase::kTileRead);
@@ -279,9 +273,9 @@ struct SpPpMainloop {
       if (j > g0) work.advance(at);
       if (work.steps > 0) {
         ++k_loads;
-        if constexpr (!kSavedP) {  // (saved-P: the consumers read no K)
-          Cfg::TxBarrier::wait(&st.k_full[k_use.buffer], k_use.phase);
-          trace.mark(PpTracePhase::kTileK);
+        Cfg::TxBarrier::wait(&st.k_full[k_use.buffer], k_use.phase);
+        trace.mark(PpTracePhase::kTileK);
+        if constexpr (!kSavedP) {
           if (j < g_end) issue_s(j, k_use);
         }
       }
@@ -294,12 +288,10 @@ struct SpPpMainloop {
       }
       g = g_end;
       if (work.steps > 0) {
-        // K is read no more by this consumer (its last S and dQ products are done; saved-P: none read it): with a
-        // dK warpgroup, which stages the tile's dK in K's buffer, k_read; otherwise the buffer is free for a later
-        // tile's K.
+        // K is read no more by this consumer (its last S and dQ products are done): with a dK warpgroup, which
+        // stages the tile's dK in K's buffer, k_read; otherwise the buffer is free for a later tile's K.
         if constexpr (kDkWarpgroup) {
-          // (saved-P: none; the dK warpgroup, K's only reader, awaits its own products)
-          if constexpr (!Cfg::kDqByDkWarpgroup) cutlass::arch::ClusterBarrier::arrive(&st.k_read[k_use.buffer]);
+          cutlass::arch::ClusterBarrier::arrive(&st.k_read[k_use.buffer]);
         } else {
           cutlass::arch::ClusterBarrier::arrive(&st.k_empty[k_use.buffer]);
         }
@@ -324,7 +316,7 @@ struct SpPpMainloop {
       trace.mark(PpTracePhase::kTileEnd);
     }
     // The last turn opened one that nobody takes: its owner passes it, so that no barrier keeps arrivals.
-    if (kTurns && (g & 1) == w) cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kTurnBarrier + w);
+    if ((g & 1) == w) cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kTurnBarrier + w);
   }
 };
 

@@ -158,8 +158,7 @@ struct SpPpProducer {
       const KBufferUse<Cfg> use(k_loads++);
       cutlass::arch::ClusterBarrier::wait(&st.dk_full[use.buffer], use.phase);
       if (!params.dk_by_tma) {
-        // (saved-P: the dK warpgroup, K's only reader, announced dk_full after its last products)
-        if constexpr (!Cfg::kDqByDkWarpgroup) cutlass::arch::ClusterBarrier::wait(&st.k_read[use.buffer], use.phase);
+        cutlass::arch::ClusterBarrier::wait(&st.k_read[use.buffer], use.phase);
       } else {
         Tensor gdK = local_tile(mdK(_, _, work.kv_head, work.b), Shape<BN, HD>{}, make_coord(work.nb, 0));  // (BN, D)
         tma_store_tile(params.tma_dk, sK(_, _, use.buffer), gdK);

@@ -126,11 +126,11 @@ struct SpPpSoftmax {
   // u = Σ P · dP over the CTA's keys (of every lane of its quad).
   __device__ void saved_sums(FragS16& tSrP, const FragS16& tSrdP, int64_t m0, int64_t n0, bool is_cut,
                              float (&u_out)[kRows]) const {
-    mask_p(tSrP, m0, n0, is_cut);
-    const Tensor p = make_tensor(tSrP.data(), RowCol{});    // (rows, keys)
+    Tensor p = make_tensor(tSrP.data(), RowCol{});          // (rows, keys)
     const Tensor dp = make_tensor(tSrdP.data(), RowCol{});  // (rows, keys)
     const auto rows = [&](auto cut_kind) {
       constexpr bool kCut = decltype(cut_kind)::value;
+      if constexpr (kCut) mask_unseen(p, m0, n0, Element(0.0f));
       float u[kRows][kSums] = {};
       CUTE_UNROLL
       for (int ci = 0; ci < kKeys; ++ci) {
@@ -152,14 +152,6 @@ struct SpPpSoftmax {
     }
     CUTE_UNROLL
     for (int ri = 0; ri < kRows; ++ri) u_out[ri] = quad_sum<kQuad>(u_out[ri]);
-  }
-
-  // Saved-P: P 0 where the row does not see the key, whatever it held (NaN included), in a cut block.
-  __device__ void mask_p(FragS16& tSrP, int64_t m0, int64_t n0, bool is_cut) const {
-    if (is_cut) {
-      Tensor p = make_tensor(tSrP.data(), RowCol{});  // (rows, keys)
-      mask_unseen(p, m0, n0, Element(0.0f));
-    }
   }
 
   // Saved-P: the factors of dS from a row's D (f = fold, fd = fold · D).

@@ -93,8 +93,7 @@ enum class PpTracePhase : int {
 // Its dK warpgroup (sp_pp_dk.cuh; KbTraceRole's kDq), in the order of a block.
 enum class PpDkTracePhase : int {
   kDsWait,   // the block's dS written, its Q loaded
-  kProduct,  // dK += dSᵀ Q issued and done, the dS buffer and the Q slot freed (with dQ: dQ issued and done)
-  kStoreDq,  // with dQ (saved-P): dQ staged, the dP slot handed back
+  kProduct,  // dK += dSᵀ Q issued and done, the dS buffer and the Q slot freed
   kTileEnd,  // per tile: dK stored, the next tile read from the ring
   kCount
 };

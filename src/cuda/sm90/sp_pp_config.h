@@ -45,6 +45,22 @@ constexpr bool kSm90SpNoExchange = true;
 constexpr bool kSm90SpNoExchange = false;
 #endif
 
+// QKSOFTMAX_SM90_SP_NO_TURNS, an A/B build's knob: saved-P's consumers issue dQ without taking turns (the cluster
+// exchange's slots stay safe: each warp pushes its rows' exchange x + 1 after its own reads of slot x − 1).
+#ifdef QKSOFTMAX_SM90_SP_NO_TURNS
+constexpr bool kSm90SpNoTurns = true;
+#else
+constexpr bool kSm90SpNoTurns = false;
+#endif
+
+// QKSOFTMAX_SM90_SP_DS_AFTER_DQ, an A/B build's knob: saved-P's dS announced to the dK warpgroup after its
+// owner's dQ is issued (sp_pp_mainloop.cuh), not before the turn.
+#ifdef QKSOFTMAX_SM90_SP_DS_AFTER_DQ
+constexpr bool kSm90SpDsAfterDq = true;
+#else
+constexpr bool kSm90SpDsAfterDq = false;
+#endif
+
 // QKSOFTMAX_SM90_SP_DIAG, a diagnostic build's knob: Params::diag, read at launch from the environment variable of
 // that name, leaves traffic out so that a bench run times the pass without it (results wrong): bit 0 the shared
 // blocks' dQ stored instead of added, bit 1 not written at all, bit 2 Q not loaded, bit 3 dP and P not loaded
@@ -267,9 +283,11 @@ struct SpPpConfig {
   static constexpr int kDsReaders = 2 * kWarpgroupThreads;
   using Trace = NoTrace;  // the step micro-benchmark's configs time the phases (trace.h)
   // A consumer's statistics slots, per peer, by the parity of its exchanges with that peer: the peer pushes its
-  // x-th exchange of a consumer only after it received this CTA's (x − 1)-th, which this consumer's warpgroup
-  // pushes after its turn of exchange x − 2, so after every thread of it read slot x − 2 (a pair of CTAs
-  // exchanges the same blocks, of the same consumer in each): two slots need no "empty" barrier.
+  // x-th exchange of a consumer only after it received all of this CTA's (x − 1)-th, which every warp of this
+  // consumer pushes part of (its own rows; lane p mod 4 of each quad to peer p) after its own reads of slot x − 2:
+  // in program order, and within the warp past the warp-wide shuffles and ldmatrix of block x − 1's sums (and,
+  // with turns, past its turn of exchange x − 2). A pair of CTAs exchanges the same blocks, of the same consumer in
+  // each: two slots need no "empty" barrier, with turns or without (QKSOFTMAX_SM90_SP_NO_TURNS).
   static constexpr int kStatsSlots = 2;
   // How a consumer combines its rows' partials (SpPpExchange::combine): every lane all of both its rows' (clusters
   // of 2), or a row's split between two lanes of its quad and merged (clusters of 4 and 8; H200, 2026-12-04,

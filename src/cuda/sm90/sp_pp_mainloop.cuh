@@ -49,6 +49,12 @@ struct SpPpMainloop {
     const Problem& prob = params.prob;
     const int tid = threadIdx.x % Cfg::kWarpgroupThreads;
     const int other = 1 - w;
+    // The turns order the consumers' products; in saved-P with QKSOFTMAX_SM90_SP_NO_TURNS (an A/B build's knob)
+    // each issues its dQ as soon as its dS is written.
+    constexpr bool kTurns = !(kSavedP && kSm90SpNoTurns);
+    // Saved-P with QKSOFTMAX_SM90_SP_DS_AFTER_DQ (an A/B build's knob): a block's dS announced to the dK warpgroup
+    // once its owner has issued dQ, so that dQ runs ahead of the block's dK on the tensor pipe.
+    constexpr bool kDsAfterDq = kSavedP && kDkWarpgroup && kSm90SpDsAfterDq;
     typename Cfg::Trace trace(w == 0 ? KbTraceRole::kConsumer0 : KbTraceRole::kConsumer1, tid < 32);
     // (fold: in saved-P dS carries the signed scale where it carries the scale, KbFinish)
     const SpPpSoftmax<Cfg> softmax{prob.keys(), prob.scale * kLog2e,
@@ -180,7 +186,8 @@ struct SpPpMainloop {
                                         typename Cfg::CopydS{}.get_thread_slice(tid).retile_S(tSrdS));
       cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
       if constexpr (kDkWarpgroup) {
-        cutlass::arch::ClusterBarrier::arrive(&st.ds_full[Cfg::ds_buffer(j)]);  // (for the dK warpgroup)
+        // (for the dK warpgroup; with kDsAfterDq once this block's dQ is issued)
+        if constexpr (!kDsAfterDq) cutlass::arch::ClusterBarrier::arrive(&st.ds_full[Cfg::ds_buffer(j)]);
       } else if (last) {
         cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTileDsBarrier);
       }
@@ -193,7 +200,7 @@ struct SpPpMainloop {
       // this consumer; dS(j) announced read (its dK and dQ products done); dQ(j) staged in dP(j)'s slot (its dP
       // in registers since the statistics, each warp its own rows) and the slot handed back to the dP load
       // thread, which stores dQ(j) from it. S(j + 2) runs on into the other consumer's turn.
-      cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kTurnBarrier + w);
+      if constexpr (kTurns) cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kTurnBarrier + w);
       trace.mark(PpTracePhase::kTurnWait);
       const auto q_prev = block_state<kQStages>(j - 1);
       // (Compiled once per case, each with its own constant waits; inlined: a call would pass the fragments
@@ -213,8 +220,9 @@ struct SpPpMainloop {
         FragdQ tdQrdQ;  // (MMA, 1, 1) fp32
         warpgroup_mma<kDqBlocks, true, false>(mma_dq, tdQsdS(_, _, _, Cfg::ds_buffer(j)), tdQsK(_, _, _, k_use.buffer),
                                               tdQrdQ);
+        if constexpr (kDsAfterDq) cutlass::arch::ClusterBarrier::arrive(&st.ds_full[Cfg::ds_buffer(j)]);
         if constexpr (kNext) issue_s(j_next, k_use);
-        cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTurnBarrier + other);
+        if constexpr (kTurns) cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTurnBarrier + other);
         trace.mark(PpTracePhase::kIssue);
         constexpr int kAfterDq = kNext ? 1 : 0;  // batches issued after dQ's
         if constexpr (!kDkWarpgroup) {
@@ -255,7 +263,7 @@ struct SpPpMainloop {
       }
     };
     // The turns run on across tiles: consumer 0 takes the CTA's first.
-    if (w == 1) cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTurnBarrier + 0);
+    if (kTurns && w == 1) cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTurnBarrier + 0);
     KbTileReader<Cfg> tiles(params, st);
     for (KbTile tile; tiles.next(tile);) {
       trace.mark(PpTracePhase::kTileRead);
@@ -316,7 +324,7 @@ struct SpPpMainloop {
       trace.mark(PpTracePhase::kTileEnd);
     }
     // The last turn opened one that nobody takes: its owner passes it, so that no barrier keeps arrivals.
-    if ((g & 1) == w) cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kTurnBarrier + w);
+    if (kTurns && (g & 1) == w) cutlass::arch::NamedBarrier::sync(Cfg::kConsumerThreads, Cfg::kTurnBarrier + w);
   }
 };
 

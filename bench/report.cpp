@@ -40,7 +40,8 @@ void print_case(const CaseResult& c) {
     std::printf(" %9.1f %6.1f%%", *c.sol_us, kPercent * *c.sol_us / *c.us);
   else
     std::printf(" %9s %7s", "-", "-");
-  std::printf(" %6d  %s\n", c.copies, errors_text(c).c_str());
+  // (a failed case timed all the same, --time-failed, says so after its errors)
+  std::printf(" %6d  %s%s%s\n", c.copies, errors_text(c).c_str(), c.passed() ? "" : "  ", c.failure.c_str());
 }
 
 }  // namespace

@@ -117,18 +117,16 @@ struct SpPpProducer {
       block[0] = int32_t(work.b), block[1] = int32_t(h), block[2] = mb;
       if constexpr (Cfg::kCluster > 1) block[3] = work.nb;
       Tensor gdP = local_tile(mdP(_, _, h, work.b), Shape<BM, BN>{}, make_coord(mb, work.nb));  // (BM, BN)
-      if (sp_diag(params.diag, kDiagNoP)) {
-        Cfg::TxBarrier::complete_transaction(p_pipe.producer_get_barrier(state), cute::block_rank_in_cluster(),
-                                             Cfg::kPSlotBytes);
-      } else {
-        tma_load_tile(tma.dp, *p_pipe.producer_get_barrier(state), gdP, sdP(_, _, state.index()));
-      }
-      if (Cfg::kSavedP && sp_diag(params.diag, kDiagNoP)) {
-        Cfg::await_ds_free(st, g);
-      } else if constexpr (Cfg::kSavedP) {
+      const bool load = !sp_diag(params.diag, kDiagNoP);
+      if (load) tma_load_tile(tma.dp, *p_pipe.producer_get_barrier(state), gdP, sdP(_, _, state.index()));
+      if constexpr (Cfg::kSavedP) {
         Cfg::await_ds_free(st, g);
         Tensor gP = local_tile(mP(_, _, h, work.b), Shape<BM, BN>{}, make_coord(mb, work.nb));  // (BM, BN)
-        tma_load_tile(tma.p, *p_pipe.producer_get_barrier(state), gP, sP(_, _, Cfg::ds_buffer(g)));
+        if (load) tma_load_tile(tma.p, *p_pipe.producer_get_barrier(state), gP, sP(_, _, Cfg::ds_buffer(g)));
+      }
+      if (!load) {  // (the diagnostic's slot: its bytes counted without the loads)
+        Cfg::TxBarrier::complete_transaction(p_pipe.producer_get_barrier(state), cute::block_rank_in_cluster(),
+                                             Cfg::kPSlotBytes);
       }
       ++state;
       ++g;

@@ -61,6 +61,15 @@ constexpr bool kSm90SpDsAfterDq = true;
 constexpr bool kSm90SpDsAfterDq = false;
 #endif
 
+// QKSOFTMAX_SM90_SP_DQ_RS, an A/B build's knob: saved-P's dQ = dS K takes dS from its owner's registers (RS), issued
+// before dS is written for the dK warpgroup, so that the dS store runs under the dQ product and the product reads
+// no dS from shared memory (sp_pp_mainloop.cuh).
+#ifdef QKSOFTMAX_SM90_SP_DQ_RS
+constexpr bool kSm90SpDqRs = true;
+#else
+constexpr bool kSm90SpDqRs = false;
+#endif
+
 // QKSOFTMAX_SM90_SP_DIAG, a diagnostic build's knob: Params::diag, read at launch from the environment variable of
 // that name, leaves traffic out so that a bench run times the pass without it (results wrong): bit 0 the shared
 // blocks' dQ stored instead of added, bit 1 not written at all, bit 2 Q not loaded, bit 3 dP and P not loaded
@@ -208,6 +217,10 @@ struct SpPpConfig {
   // dQ = dS K: M = rows, N = D, K = keys; dS K-major, K as (D, keys), MN-major.
   using MmadQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<BM, HD, BN>, GMMA::Major::K, GMMA::Major::MN>()));
+  // The same with dS from the owner's registers (QKSOFTMAX_SM90_SP_DQ_RS): its accumulator layout is the A
+  // operand's (acc_as_operand_a).
+  using MmadQRs = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<BM, HD, BN>, GMMA::Major::K, GMMA::Major::MN>()));
   using CopydQ = decltype(make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, MmadQ{}));
   // A 16-bit tile of 128 columns in the 128-byte swizzle (SmemAtom: two atoms of 64 columns, the second kTileRows
   // rows of 128 bytes further) read or written by ldmatrix / stmatrix (x4) in a wgmma accumulator's layout: a

@@ -54,7 +54,11 @@ struct SpPpMainloop {
     constexpr bool kTurns = !(kSavedP && kSm90SpNoTurns);
     // Saved-P with QKSOFTMAX_SM90_SP_DS_AFTER_DQ (an A/B build's knob): a block's dS announced to the dK warpgroup
     // once its owner has issued dQ, so that dQ runs ahead of the block's dK on the tensor pipe.
-    constexpr bool kDsAfterDq = kSavedP && kDkWarpgroup && kSm90SpDsAfterDq;
+    // Saved-P with QKSOFTMAX_SM90_SP_DQ_RS (an A/B build's knob): dQ(j) from dS(j)'s registers, issued before dS(j)
+    // is written for the dK warpgroup, which then writes it under the product (so announced after dQ's issue, as with
+    // kDsAfterDq); the owner's part of the buffer's release follows its own store instead of its product.
+    constexpr bool kDqRs = kSavedP && kDkWarpgroup && kSm90SpDqRs;
+    constexpr bool kDsAfterDq = kSavedP && kDkWarpgroup && kSm90SpDsAfterDq && !kDqRs;
     typename Cfg::Trace trace(w == 0 ? KbTraceRole::kConsumer0 : KbTraceRole::kConsumer1, tid < 32);
     // (fold: in saved-P dS carries the signed scale where it carries the scale, KbFinish)
     const SpPpSoftmax<Cfg> softmax{prob.keys(), prob.scale * kLog2e,
@@ -88,6 +92,8 @@ struct SpPpMainloop {
     auto thr_dq = mma_dq.get_thread_slice(tid);
     const Tensor tdQsdS = thr_dq.partition_fragment_A(sdS);  // (MMA, 1, BN/16, DB) descriptors
     const Tensor tdQsK = thr_dq.partition_fragment_B(sKt);   // (MMA, 1, BN/16, KB) descriptors
+    typename Cfg::MmadQRs mma_dq_rs;                          // (kDqRs)
+    const Tensor tdQrsK = mma_dq_rs.get_thread_slice(tid).partition_fragment_B(sKt);  // (MMA, 1, BN/16, KB) descriptors
     using FragdQ = decltype(partition_fragment_C(mma_dq, Shape<BM, HD>{}));  // (MMA, 1, 1) fp32
 
     // The 32-bit shared-memory address of this thread's first ldmatrix access of dP in slot 0 and of its first
@@ -182,16 +188,22 @@ struct SpPpMainloop {
       // dS(j)'s buffer: block j − 3's products done (in saved-P awaited by the dP thread before P(j)'s load).
       if constexpr (!kSavedP) Cfg::await_ds_free(st, j);
       trace.mark(PpTracePhase::kDsFree);
-      store_tile_matrices<Cfg, kBlockM>(ds_at + uint32_t(Cfg::ds_buffer(j)) * kTileBytes,
-                                        typename Cfg::CopydS{}.get_thread_slice(tid).retile_S(tSrdS));
-      cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
-      if constexpr (kDkWarpgroup) {
-        // (for the dK warpgroup; with kDsAfterDq once this block's dQ is issued)
-        if constexpr (!kDsAfterDq) cutlass::arch::ClusterBarrier::arrive(&st.ds_full[Cfg::ds_buffer(j)]);
-      } else if (last) {
-        cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTileDsBarrier);
+      // dS(j) into its buffer (in saved-P over P(j)), for the dQ product (SS) and dK's.
+      const auto store_ds = [&]() __attribute__((always_inline)) {
+        store_tile_matrices<Cfg, kBlockM>(ds_at + uint32_t(Cfg::ds_buffer(j)) * kTileBytes,
+                                          typename Cfg::CopydS{}.get_thread_slice(tid).retile_S(tSrdS));
+        cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
+      };
+      if constexpr (!kDqRs) {  // (kDqRs: written in the turn, after dQ's issue)
+        store_ds();
+        if constexpr (kDkWarpgroup) {
+          // (for the dK warpgroup; with kDsAfterDq once this block's dQ is issued)
+          if constexpr (!kDsAfterDq) cutlass::arch::ClusterBarrier::arrive(&st.ds_full[Cfg::ds_buffer(j)]);
+        } else if (last) {
+          cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTileDsBarrier);
+        }
+        trace.mark(PpTracePhase::kStoreDs);
       }
-      trace.mark(PpTracePhase::kStoreDs);
 
       // The turn (its own named barrier, opened by the other consumer's end of turn, after which its dS of block
       // j − 1 is visible here), three batches back to back: dK over this consumer's keys of block j − 1 (the
@@ -218,12 +230,25 @@ struct SpPpMainloop {
           warpgroup_commit_batch();
         }
         FragdQ tdQrdQ;  // (MMA, 1, 1) fp32
-        warpgroup_mma<kDqBlocks, true, false>(mma_dq, tdQsdS(_, _, _, Cfg::ds_buffer(j)), tdQsK(_, _, _, k_use.buffer),
-                                              tdQrdQ);
+        if constexpr (kDqRs) {
+          const Tensor tdQrdS = make_tensor(tSrdS.data(), acc_as_operand_a(tSrdS.layout()));  // ((2, 2, 2), 1, BN/16)
+          warpgroup_mma<kDqBlocks, true, false>(mma_dq_rs, tdQrdS, tdQrsK(_, _, _, k_use.buffer), tdQrdQ);
+        } else {
+          warpgroup_mma<kDqBlocks, true, false>(mma_dq, tdQsdS(_, _, _, Cfg::ds_buffer(j)),
+                                                tdQsK(_, _, _, k_use.buffer), tdQrdQ);
+        }
         if constexpr (kDsAfterDq) cutlass::arch::ClusterBarrier::arrive(&st.ds_full[Cfg::ds_buffer(j)]);
         if constexpr (kNext) issue_s(j_next, k_use);
         if constexpr (kTurns) cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTurnBarrier + other);
         trace.mark(PpTracePhase::kIssue);
+        if constexpr (kDqRs) {
+          // dS(j) for the dK warpgroup, under the dQ product (which reads its registers only): the owner is done
+          // with the buffer once it is written.
+          store_ds();
+          cutlass::arch::ClusterBarrier::arrive(&st.ds_full[Cfg::ds_buffer(j)]);
+          cutlass::arch::ClusterBarrier::arrive(&st.ds_free[Cfg::ds_buffer(j)]);
+          trace.mark(PpTracePhase::kStoreDs);
+        }
         constexpr int kAfterDq = kNext ? 1 : 0;  // batches issued after dQ's
         if constexpr (!kDkWarpgroup) {
           warpgroup_wait<kAfterDq + 1>();
@@ -236,7 +261,7 @@ struct SpPpMainloop {
         }
         warpgroup_wait<kAfterDq>();
         warpgroup_fence_operand(tdQrdQ);
-        cutlass::arch::ClusterBarrier::arrive(&st.ds_free[Cfg::ds_buffer(j)]);
+        if constexpr (!kDqRs) cutlass::arch::ClusterBarrier::arrive(&st.ds_free[Cfg::ds_buffer(j)]);
         trace.mark(PpTracePhase::kWaitProducts);
         dq_out.stage(tdQrdQ, dp_at, p_state.index(), tid);
         release_slot(st.p_pipe, p_state);  // (the dP load thread stores dQ from the slot before loading it again)

@@ -14,6 +14,9 @@
 #   AB="pairs8=-DQKSOFTMAX_SM90_SP_MAX_CLUSTER=8;main=" UNTESTED=main scripts/sp-ab-check.sh
 #   mkdir -p build/head && git archive HEAD | tar -x -C build/head   (then carry .deps and build/head)
 #   AB="head@build/head=;new=" UNTESTED=head scripts/sp-ab-check.sh
+# A variant packed by scripts/prebuild.sh (build/prebuilt carried: NAME.tar.xz built with the same flags) is unpacked
+# and run as it is where its binaries start here; otherwise it is built here as above (.deps unpacked from the packs'
+# deps.tar.xz where it is not carried).
 # shellcheck disable=SC2086
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-out/sp-ab-check}
@@ -25,18 +28,30 @@ MODE=${MODE:-recompute}  # the bench's --mode: recompute or saved_p
 BENCH_FAILED=${BENCH_FAILED:-}  # non-empty: variants whose kernel tests fail are benchmarked all the same
 # shellcheck source=scripts/device_stages.sh
 source scripts/device_stages.sh
+PRE=build/prebuilt
+[ -e .deps ] || [ ! -f $PRE/deps.tar.xz ] || tar -xJf $PRE/deps.tar.xz
+# Variant NAME's packed tree, built with FLAGS, unpacked into build/ab-NAME; true where its binaries start here
+# (the kernel tests too unless UNTESTED).
+prebuilt() {
+  local name=$1 flags=$2 tree=build/ab-$1
+  [ -f "$PRE/$name.tar.xz" ] && [ "$(head -1 "$PRE/$name.flags")" = "$flags" ] || return 1
+  rm -rf "$tree" && mkdir -p "$tree" && tar -xJf "$PRE/$name.tar.xz" -C "$tree" || return 1
+  "$tree/bench/qksoftmax-bench" --help > /dev/null 2>&1 || return 1
+  ! ldd "$tree/bench/qksoftmax-step" | grep -q "not found" || return 1
+  skipped tests || [[ " $UNTESTED " == *" $name "* ]] ||
+    "$tree/tests/cpp/qksoftmax_kernel_tests" --gtest_list_tests > /dev/null 2>&1
+}
 
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 IFS=';' read -r -a variants <<< "$AB"
 jobs=$((16 / ${#variants[@]}))
 for i in "${!variants[@]}"; do
   name=${variants[$i]%%=*} flags=${variants[$i]#*=} src=.
-  if [[ $name == *@* ]]; then
-    src=${name#*@} name=${name%%@*}
-    [ -d "$src" ] || { echo "variant $name: no source tree $src (carry it)"; exit 1; }
-    [ -e "$src/.deps" ] || ln -s "$PWD/.deps" "$src/.deps"
-  fi
+  if [[ $name == *@* ]]; then src=${name#*@} name=${name%%@*}; fi
   variants[i]="$name=$flags"
+  if prebuilt "$name" "$flags"; then echo "== $name: prebuilt ($(tail -1 "$PRE/$name.flags"))"; continue; fi
+  [ -d "$src" ] || { echo "variant $name: no source tree $src (carry it)"; exit 1; }
+  [ -e "$src/.deps" ] || ln -s "$PWD/.deps" "$src/.deps"
   stage "configure-$name" 60 cmake -S "$src" -B "build/ab-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DQKSOFTMAX_BUILD_TESTS=ON -DQKSOFTMAX_BUILD_BENCH=ON -DQKSOFTMAX_BUILD_PYTHON=OFF "-DCMAKE_CUDA_FLAGS=$flags"
   targets="qksoftmax-step qksoftmax-bench"

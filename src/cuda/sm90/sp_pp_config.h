@@ -70,6 +70,14 @@ constexpr bool kSm90SpDqRs = true;
 constexpr bool kSm90SpDqRs = false;
 #endif
 
+// QKSOFTMAX_SM90_SP_DQ_IN_Q, an A/B build's knob: saved-P's dQ of a block staged in the block's Q slot instead of its
+// dP slot, and stored from there by the load thread (SpPpConfig::kDqInQ).
+#ifdef QKSOFTMAX_SM90_SP_DQ_IN_Q
+constexpr bool kSm90SpDqInQ = true;
+#else
+constexpr bool kSm90SpDqInQ = false;
+#endif
+
 // QKSOFTMAX_SM90_SP_DIAG, a diagnostic build's knob: Params::diag, read at launch from the environment variable of
 // that name, leaves traffic out so that a bench run times the pass without it (results wrong): bit 0 the shared
 // blocks' dQ stored instead of added, bit 1 not written at all, bit 2 Q not loaded, bit 3 dP and P not loaded
@@ -82,6 +90,16 @@ constexpr bool kSm90SpDiag = false;
 enum SpDiag : int { kDiagDqStored = 1, kDiagDqDropped = 2, kDiagNoQ = 4, kDiagNoP = 8 };
 __host__ __device__ constexpr bool sp_diag(int diag, int bit) { return kSm90SpDiag && (diag & bit) != 0; }
 
+
+// dst = src, register for register, by moves that the compiler keeps as copies: a wgmma's A operand registers are not
+// to be read before the product's wait (PTX leaves that undefined), so a copy of them serves other readers meanwhile.
+template <class Frag>
+__device__ void copy_registers(const Frag& src, Frag& dst) {
+  const Tensor src32 = recast<uint32_t>(src);  // (size(src) / 2) packed pairs
+  Tensor dst32 = recast<uint32_t>(dst);
+  CUTE_UNROLL
+  for (int i = 0; i < size(src32); ++i) asm volatile("mov.b32 %0, %1;" : "=r"(dst32(i)) : "r"(src32(i)));
+}
 
 // A consumer thread's release of a ring slot (`ring`: a PipelineTmaAsync's shared storage): one arrival on this
 // CTA's own empty barrier. CUTLASS's consumer_release, for a pipeline built for a cluster of one, arrives on the
@@ -137,6 +155,14 @@ struct SpPpConfig {
   static constexpr int kPStages = 3;
   static constexpr int kKBuffers = 2;
   static constexpr int kDsBuffers = 3;
+  // Where a block's dQ is staged for its TMA store: its dP slot (stored by the dP thread before the slot's next
+  // load), or in saved-P with QKSOFTMAX_SM90_SP_DQ_IN_Q its Q slot, once the dK warpgroup's product has read Q
+  // (stored by the load thread before the slot's next load); the dP slot then goes back to the dP thread as soon as
+  // its owner has read dP and P, so that the next loads wait for the block's products alone, not for dQ's staging
+  // and store.
+  static constexpr bool kDqInQ = kSavedP && kDkWarpgroup_ && kSm90SpDqInQ;
+  static constexpr int kDqSlots = kDqInQ ? kQStages : kPStages;
+  static_assert(!(kDqInQ && kSm90SpDqRs), "dQ in Q's slot waits for the block's dK, which dS from registers delays");
 
   using BM = Int<kBlockM>;
   using BN = Int<kBlockN>;
@@ -168,6 +194,7 @@ struct SpPpConfig {
   using SmemLayoutdQ = decltype(tile_to_shape(SmemAtom{}, Shape<BM, HD>{}));  // (rows, d)
   static_assert(kHeadDim == kBlockN && cosize_v<SmemLayoutdQ> * kPStages == cosize_v<SmemLayoutP>,
                 "a dP slot holds a block's dQ");
+  static_assert(cosize_v<SmemLayoutdQ> * kQStages == cosize_v<SmemLayoutQ>, "a Q slot holds a block's dQ");
 
   // What one TMA load fills: a Q slot, the K tile, a dP slot.
   using SmemLayoutPSlot = decltype(SmemLayoutP{}(_, _, 0));  // (rows, keys)
@@ -290,7 +317,8 @@ struct SpPpConfig {
   // store thread.
   static constexpr int kTileReaders = kConsumerThreads + 1 + (kDkWarpgroup ? kWarpgroupThreads + 1 : 0);
   // Q's readers that release its slots: both consumers (each reads every block's Q), or with a dK warpgroup the
-  // block's owner (its S) and the dK warpgroup: 256 threads either way; in saved-P the dK warpgroup alone.
+  // block's owner (its S) and the dK warpgroup: 256 threads either way; in saved-P the dK warpgroup alone (with
+  // kDqInQ the block's owner, once its dQ is staged there).
   static constexpr int kQReleasers = (kSavedP ? 1 : 2) * kWarpgroupThreads;
   // Arrivals that free a dS buffer: its owner's and the other consumer's, or the owner's and the dK warpgroup's.
   static constexpr int kDsReaders = 2 * kWarpgroupThreads;
@@ -330,7 +358,7 @@ struct SpPpConfig {
     typename PPipeline::SharedStorage p_pipe;
     typename TilePipeline::SharedStorage tile_pipe;
     int tile_index[kTileSlots];
-    int32_t dq_block[kPStages][4];  // by dP slot: its block's (batch, head, row block, key block), for the dQ store
+    int32_t dq_block[kDqSlots][4];  // by staging slot: its block's (batch, head, row block, key block), for dQ's store
     alignas(8) uint64_t k_full[kKBuffers];   // K of a tile loaded (TMA's transaction count)
     // Free for a later tile's K: its tile's last products complete, every consumer thread's; with a dK warpgroup,
     // the tile's dK stored from it (the dK store thread's arrival, after k_read and dk_full).

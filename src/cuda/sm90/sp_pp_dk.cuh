@@ -54,8 +54,8 @@ struct SpPpDkWarpgroup {
         trace.mark(PpDkTracePhase::kDsWait);
         warpgroup_mma<size<2>(decltype(tdKsdS.layout()){}), false>(mma_dk, tdKsdS(_, _, _, buf),
                                                                   tdKsQ(_, _, _, q_state.index()), tdKrdK);
-        cutlass::arch::ClusterBarrier::arrive(&st.ds_free[buf]);  // dS(g) read here
-        release_slot(st.q_pipe, q_state);
+        cutlass::arch::ClusterBarrier::arrive(&st.ds_free[buf]);  // dS(g) and Q(g) read here
+        if constexpr (!Cfg::kDqInQ) release_slot(st.q_pipe, q_state);  // (kDqInQ: by the owner, after dQ's staging)
         trace.mark(PpDkTracePhase::kProduct);
         ++g;
       }

@@ -1,6 +1,6 @@
 // The pingpong single pass's epilogues: a block's dQ, finished (KbFinish), rounded into a staging tile (the block's
-// dP slot, sp_pp_mainloop.cuh) by stmatrix, and stored from there by one TMA that the dP load thread issues before
-// it loads the slot again (sp_pp_producer.cuh). dK of a tile is the dK warpgroup's (sp_pp_dk.cuh), or in the
+// dP slot, or with SpPpConfig::kDqInQ its Q slot, sp_pp_mainloop.cuh) by stmatrix, and stored from there by one TMA
+// that the thread which loads the slot issues before it loads the slot again (sp_pp_producer.cuh). dK of a tile is the dK warpgroup's (sp_pp_dk.cuh), or in the
 // three-warpgroup form stored by kb_store_dk (kb_epilogue.cuh) from each consumer's accumulator.
 #pragma once
 

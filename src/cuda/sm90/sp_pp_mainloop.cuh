@@ -10,7 +10,8 @@
 // In a cluster, the statistics of a block whose rows see keys of other CTAs are combined with theirs
 // (sp_pp_exchange.cuh) before dS. Saved-P (Cfg::kSavedP): no S; P(j) is read from dS(j)'s buffer, where the dP
 // thread loaded it on dP(j)'s slot barrier, with dP(j); the statistics are D alone, and dS(j) is written over P(j);
-// the turn issues dQ(j) alone.
+// the turn issues dQ(j) alone (with Cfg::kDqInQ, dP(j)'s slot is handed back once dP(j) and P(j) are read, and dQ(j)
+// is staged in Q(j)'s slot once the dK warpgroup has read it).
 // S(j + 2) runs during the other consumer's element-wise work and turn, and each warpgroup's exponentials and
 // reductions under the other's products. At a tile's end the consumer that does not own the last block adds that
 // block's dK (its dS announced by kTileDsBarrier); each stores dK of its 64 keys.
@@ -101,8 +102,11 @@ struct SpPpMainloop {
     // whole tile further).
     const uint32_t first = Cfg::matrix_first(tid);
     const uint32_t dp_at = smem_addr(st.dp.data()) + first, ds_at = smem_addr(st.ds.data()) + first;
-    // dQ staged in its block's dP slot (SpDqStore), from where the dP load thread stores it.
-    const SpDqStore<Cfg> dq_out{params, st.dp.data()};
+    // dQ staged in its block's dP slot (SpDqStore), from where the dP load thread stores it; with Cfg::kDqInQ in its
+    // Q slot, from where the load thread stores it.
+    Element* const dq_tiles = Cfg::kDqInQ ? st.q.data() : st.dp.data();
+    const SpDqStore<Cfg> dq_out{params, dq_tiles};
+    const uint32_t dq_at = smem_addr(dq_tiles) + first;
 
     // dK_w over a block's rows: its A operand from the block's dS buffer, Q from the block's slot.
     const auto add_dk = [&](int ds_buf, int q_slot) {
@@ -147,6 +151,7 @@ struct SpPpMainloop {
       if constexpr (kSavedP) {
         load_tile_matrices<Cfg, kBlockM>(ds_at + uint32_t(Cfg::ds_buffer(j)) * kTileBytes, copy_dp.retile_D(tSrP));
       }
+      if constexpr (Cfg::kDqInQ) release_slot(st.p_pipe, p_state);  // (P's buffer: ds_free, after the products)
       trace.mark(PpTracePhase::kWaitS);
       const bool cut = softmax.cut(m0, n0);
       float m[kRows], f[kRows], fd[kRows];  // (f, fd: l and u until the factors; saved-P: fd u)
@@ -189,13 +194,18 @@ struct SpPpMainloop {
       if constexpr (!kSavedP) Cfg::await_ds_free(st, j);
       trace.mark(PpTracePhase::kDsFree);
       // dS(j) into its buffer (in saved-P over P(j)), for the dQ product (SS) and dK's.
-      const auto store_ds = [&]() __attribute__((always_inline)) {
+      const auto store_ds = [&](const FragS16& frag) __attribute__((always_inline)) {
         store_tile_matrices<Cfg, kBlockM>(ds_at + uint32_t(Cfg::ds_buffer(j)) * kTileBytes,
-                                          typename Cfg::CopydS{}.get_thread_slice(tid).retile_S(tSrdS));
+                                          typename Cfg::CopydS{}.get_thread_slice(tid).retile_S(frag));
         cutlass::arch::fence_view_async_shared();  // dS written by threads, read by wgmma
       };
-      if constexpr (!kDqRs) {  // (kDqRs: written in the turn, after dQ's issue)
-        store_ds();
+      // kDqRs: dS written in the turn, under the dQ product, from a copy of its registers (the product's A operand,
+      // which PTX leaves undefined to read before the product's wait).
+      [[maybe_unused]] FragS16 tSrdS_copy;  // (MMA, 1, 1)
+      if constexpr (kDqRs) {
+        copy_registers(tSrdS, tSrdS_copy);
+      } else {
+        store_ds(tSrdS);
         if constexpr (kDkWarpgroup) {
           // (for the dK warpgroup; with kDsAfterDq once this block's dQ is issued)
           if constexpr (!kDsAfterDq) cutlass::arch::ClusterBarrier::arrive(&st.ds_full[Cfg::ds_buffer(j)]);
@@ -231,6 +241,8 @@ struct SpPpMainloop {
         }
         FragdQ tdQrdQ;  // (MMA, 1, 1) fp32
         if constexpr (kDqRs) {
+          Tensor tSrdS32 = recast<uint32_t>(tSrdS);  // (32) packed pairs
+          warpgroup_fence_operand(tSrdS32);          // (packed before the product's fence, not between its HGMMAs)
           const Tensor tdQrdS = make_tensor(tSrdS.data(), acc_as_operand_a(tSrdS.layout()));  // ((2, 2, 2), 1, BN/16)
           warpgroup_mma<kDqBlocks, true, false>(mma_dq_rs, tdQrdS, tdQrsK(_, _, _, k_use.buffer), tdQrdQ);
         } else {
@@ -242,9 +254,9 @@ struct SpPpMainloop {
         if constexpr (kTurns) cutlass::arch::NamedBarrier::arrive(Cfg::kConsumerThreads, Cfg::kTurnBarrier + other);
         trace.mark(PpTracePhase::kIssue);
         if constexpr (kDqRs) {
-          // dS(j) for the dK warpgroup, under the dQ product (which reads its registers only): the owner is done
-          // with the buffer once it is written.
-          store_ds();
+          // dS(j) for the dK warpgroup, under the dQ product (which reads dS's registers, not the buffer): the owner
+          // is done with the buffer once it is written.
+          store_ds(tSrdS_copy);
           cutlass::arch::ClusterBarrier::arrive(&st.ds_full[Cfg::ds_buffer(j)]);
           cutlass::arch::ClusterBarrier::arrive(&st.ds_free[Cfg::ds_buffer(j)]);
           trace.mark(PpTracePhase::kStoreDs);
@@ -262,9 +274,17 @@ struct SpPpMainloop {
         warpgroup_wait<kAfterDq>();
         warpgroup_fence_operand(tdQrdQ);
         if constexpr (!kDqRs) cutlass::arch::ClusterBarrier::arrive(&st.ds_free[Cfg::ds_buffer(j)]);
-        trace.mark(PpTracePhase::kWaitProducts);
-        dq_out.stage(tdQrdQ, dp_at, p_state.index(), tid);
-        release_slot(st.p_pipe, p_state);  // (the dP load thread stores dQ from the slot before loading it again)
+        if constexpr (Cfg::kDqInQ) {
+          // Q(j) read by the dK warpgroup's product (block j's buffer free: that product done too).
+          cutlass::arch::ClusterBarrier::wait(&st.ds_free[Cfg::ds_buffer(j)], Cfg::ds_phase(j));
+          trace.mark(PpTracePhase::kWaitProducts);
+          dq_out.stage(tdQrdQ, dq_at, q_state.index(), tid);
+          release_slot(st.q_pipe, q_state);  // (the load thread stores dQ from the slot before loading it again)
+        } else {
+          trace.mark(PpTracePhase::kWaitProducts);
+          dq_out.stage(tdQrdQ, dq_at, p_state.index(), tid);
+          release_slot(st.p_pipe, p_state);  // (the dP load thread stores dQ from the slot before loading it again)
+        }
         trace.mark(PpTracePhase::kStoreDq);
       };
       if constexpr (kSavedP) {  // (no S to issue; kPrev unread: dK is the dK warpgroup's)

@@ -2,10 +2,10 @@
 //   the load thread takes the CTA's tiles (dealt statically), publishes each in the tile ring (KbTileWriter), and
 //   loads per tile K into the K buffer of its turn once that buffer is free (every consumer thread of the tile that
 //   used it done with it; with a dK warpgroup, that tile's dK stored from it), per block Q into the next slot of
-//   the Q ring;
+//   the Q ring (with Cfg::kDqInQ after storing the dQ that the slot's previous block left in it);
 //   the dP thread reads the tiles from the ring and loads per block dP into the next slot of the dP ring, after
-//   storing the dQ that the slot's previous block left in it; in saved-P also the block's P into its dS buffer,
-//   once that buffer's previous block is done with it, completing the same slot's barrier;
+//   storing the dQ that the slot's previous block left in it (not with kDqInQ); in saved-P also the block's P into
+//   its dS buffer, once that buffer's previous block is done with it, completing the same slot's barrier;
 //   with a dK warpgroup, the dK store thread reads the tiles from the ring and stores each tile's dK from the K
 //   buffer where the dK warpgroup staged it, then hands the buffer back to the load thread.
 // Separate threads, so that neither ring waits on the other: a Q slot is freed a turn later than its block's dP
@@ -40,6 +40,7 @@ struct SpPpProducer {
     Tensor mK = tma.k.get_tma_tensor(make_shape(int32_t(prob.Sk), HD{}, int32_t(prob.Hk), int32_t(prob.B)));
     auto state = cutlass::make_producer_start_state<typename Cfg::QPipeline>();
     int k_loads = 0;  // tiles with blocks so far
+    const SpDqStore<Cfg> dq_out{params, st.q.data()};  // (kDqInQ)
     KbTileWriter<Cfg> tiles(params, st);
     for (int index = tiles.first(); tiles.publish(index);) {
       const KbWork<Cfg> work(params.order, params.order.template tile<Cfg::kPairs>(index));
@@ -47,6 +48,10 @@ struct SpPpProducer {
       bool first = true;
       tile_blocks(work, [&](int64_t h, int mb) {
         q_pipe.producer_acquire(state);  // expects the slot's bytes
+        if constexpr (Cfg::kDqInQ) {
+          store_previous(dq_out, state);
+          record_block(state.index(), work, h, mb);
+        }
         trace.mark(KbTracePhase::kAcquire);
         Tensor gQ = local_tile(mQ(_, _, h, work.b), Shape<BM, HD>{}, make_coord(mb, 0));  // (BM, D)
         if (sp_diag(params.diag, kDiagNoQ)) {
@@ -60,6 +65,32 @@ struct SpPpProducer {
         trace.mark(KbTracePhase::kIssueLoads);
         ++state;
       });
+    }
+    if constexpr (Cfg::kDqInQ) store_last(q_pipe, dq_out, state);
+  }
+
+  // Staging slot `at` of a ring whose slots hold dQ: its previous block's (the ring's previous round, if any) dQ
+  // stored by TMA and the store's read awaited.
+  template <uint32_t kStages>
+  __device__ void store_previous(const SpDqStore<Cfg>& dq_out, const cutlass::PipelineState<kStages>& at) {
+    if (at.count() < kStages) return;
+    const int32_t* block = st.dq_block[at.index()];
+    dq_out.store(at.index(), block[0], block[1], block[2], Cfg::kCluster > 1 ? block[3] : 0);
+    tma_store_wait<0>();
+  }
+  // Staging slot `slot`'s block, recorded for its dQ's store.
+  __device__ void record_block(int slot, const KbWork<Cfg>& work, int64_t h, int mb) {
+    int32_t* block = st.dq_block[slot];
+    block[0] = int32_t(work.b), block[1] = int32_t(h), block[2] = mb;
+    if constexpr (Cfg::kCluster > 1) block[3] = work.nb;
+  }
+  // After the last block: the last slots' dQ stored (each slot acquired without a load: nobody waits for it to fill).
+  template <class Pipeline, uint32_t kStages>
+  __device__ void store_last(Pipeline& pipe, const SpDqStore<Cfg>& dq_out, cutlass::PipelineState<kStages> state) {
+#pragma unroll 1
+    for (uint32_t s = 0; s < kStages; ++s, ++state) {
+      pipe.producer_acquire(state);
+      store_previous(dq_out, state);
     }
   }
 
@@ -101,21 +132,14 @@ struct SpPpProducer {
     Tensor mdP = tma.dp.get_tma_tensor(probs);  // (Sq, Sk, Hq, B)
     Tensor mP = tma.p.get_tma_tensor(probs);    // (Sq, Sk, Hq, B), saved-P
     int g = 0;  // the CTA's blocks so far
-    const SpDqStore<Cfg> dq_out{params, st.dp.data()};
+    const SpDqStore<Cfg> dq_out{params, st.dp.data()};  // (not with kDqInQ)
     auto state = cutlass::make_producer_start_state<typename Cfg::PPipeline>();
-    // Slot `state`'s block of the ring's previous round (if any): its dQ stored, its read awaited.
-    const auto store_previous = [&](const cutlass::PipelineState<Cfg::kPStages>& at) {
-      if (at.count() < uint32_t(Cfg::kPStages)) return;
-      const int32_t* block = st.dq_block[at.index()];
-      dq_out.store(at.index(), block[0], block[1], block[2], Cfg::kCluster > 1 ? block[3] : 0);
-      tma_store_wait<0>();
-    };
     for_each_block([&](const KbWork<Cfg>& work, int64_t h, int mb) {
       p_pipe.producer_acquire(state);  // (expects the slot's bytes)
-      store_previous(state);           // the slot's previous dQ stored, this block recorded for its own
-      int32_t* block = st.dq_block[state.index()];
-      block[0] = int32_t(work.b), block[1] = int32_t(h), block[2] = mb;
-      if constexpr (Cfg::kCluster > 1) block[3] = work.nb;
+      if constexpr (!Cfg::kDqInQ) {     // the slot's previous dQ stored, this block recorded for its own
+        store_previous(dq_out, state);
+        record_block(state.index(), work, h, mb);
+      }
       Tensor gdP = local_tile(mdP(_, _, h, work.b), Shape<BM, BN>{}, make_coord(mb, work.nb));  // (BM, BN)
       const bool load = !sp_diag(params.diag, kDiagNoP);
       if (load) tma_load_tile(tma.dp, *p_pipe.producer_get_barrier(state), gdP, sdP(_, _, state.index()));
@@ -131,12 +155,7 @@ struct SpPpProducer {
       ++state;
       ++g;
     });
-    // The last blocks' slots (acquired without a load: nobody waits for them to fill).
-#pragma unroll 1
-    for (int s = 0; s < Cfg::kPStages; ++s, ++state) {
-      p_pipe.producer_acquire(state);
-      store_previous(state);
-    }
+    if constexpr (!Cfg::kDqInQ) store_last(p_pipe, dq_out, state);
   }
 
   // The dK store thread (with a dK warpgroup). Per tile with blocks, once the dK warpgroup has written the tile's

@@ -71,11 +71,12 @@ constexpr bool kSm90SpDqRs = false;
 #endif
 
 // QKSOFTMAX_SM90_SP_DQ_IN_Q, an A/B build's knob: saved-P's dQ of a block staged in the block's Q slot instead of its
-// dP slot, and stored from there by the load thread (SpPpConfig::kDqInQ).
+// dP slot, and stored from there by the load thread (SpPpConfig::kDqInQ); =2 besides trades a dP slot for a fourth
+// dS buffer (SpPpConfig::kDeepP).
 #ifdef QKSOFTMAX_SM90_SP_DQ_IN_Q
-constexpr bool kSm90SpDqInQ = true;
+constexpr int kSm90SpDqInQ = QKSOFTMAX_SM90_SP_DQ_IN_Q;
 #else
-constexpr bool kSm90SpDqInQ = false;
+constexpr int kSm90SpDqInQ = 0;
 #endif
 
 // QKSOFTMAX_SM90_SP_DIAG, a diagnostic build's knob: Params::diag, read at launch from the environment variable of
@@ -151,18 +152,22 @@ struct SpPpConfig {
   // after its S(g + 3), which follows that dK product in its own turn) finds it read. Clusters of more than two
   // give a Q slot (16 KB) to the statistics slots of their peers. Saved-P: a dS buffer's next writer is the dP
   // thread's TMA of block g + 3's P, after the buffer's ds_free; Q's only reader is the dK warpgroup.
-  static constexpr int kQStages = kCluster <= 2 ? 4 : 3;
-  static constexpr int kPStages = 3;
-  static constexpr int kKBuffers = 2;
-  static constexpr int kDsBuffers = 3;
   // Where a block's dQ is staged for its TMA store: its dP slot (stored by the dP thread before the slot's next
   // load), or in saved-P with QKSOFTMAX_SM90_SP_DQ_IN_Q its Q slot, once the dK warpgroup's product has read Q
   // (stored by the load thread before the slot's next load); the dP slot then goes back to the dP thread as soon as
   // its owner has read dP and P, so that the next loads wait for the block's products alone, not for dQ's staging
-  // and store.
-  static constexpr bool kDqInQ = kSavedP && kDkWarpgroup_ && kSm90SpDqInQ;
-  static constexpr int kDqSlots = kDqInQ ? kQStages : kPStages;
+  // and store. A dP slot is then held only while its owner reads it, and P's buffer (the block's dS buffer) until
+  // the block's products are done: kDeepP (QKSOFTMAX_SM90_SP_DQ_IN_Q=2) gives a dP slot's 16 KB to a fourth dS
+  // buffer, each consumer a dP slot of its own, so that block g's P waits for block g − 4's products (its
+  // consumer's block before the last) instead of g − 3's (the other's last).
+  static constexpr bool kDqInQ = kSavedP && kDkWarpgroup_ && kSm90SpDqInQ > 0;
+  static constexpr bool kDeepP = kDqInQ && kSm90SpDqInQ >= 2;
   static_assert(!(kDqInQ && kSm90SpDqRs), "dQ in Q's slot waits for the block's dK, which dS from registers delays");
+  static constexpr int kQStages = kCluster <= 2 ? 4 : 3;
+  static constexpr int kPStages = kDeepP ? 2 : 3;
+  static constexpr int kKBuffers = 2;
+  static constexpr int kDsBuffers = kDeepP ? 4 : 3;
+  static constexpr int kDqSlots = kDqInQ ? kQStages : kPStages;
 
   using BM = Int<kBlockM>;
   using BN = Int<kBlockN>;

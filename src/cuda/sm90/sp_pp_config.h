@@ -151,15 +151,16 @@ struct SpPpConfig {
   // product in its next turn: three buffers in rotation, so that a buffer's next writer (block g + 3's owner,
   // after its S(g + 3), which follows that dK product in its own turn) finds it read. Clusters of more than two
   // give a Q slot (16 KB) to the statistics slots of their peers. Saved-P: a dS buffer's next writer is the dP
-  // thread's TMA of block g + 3's P, after the buffer's ds_free; Q's only reader is the dK warpgroup.
+  // thread's TMA of block g + kDsBuffers's P, after the buffer's ds_free; Q's only reader is the dK warpgroup.
   // Where a block's dQ is staged for its TMA store: its dP slot (stored by the dP thread before the slot's next
   // load), or in saved-P with QKSOFTMAX_SM90_SP_DQ_IN_Q its Q slot, once the dK warpgroup's product has read Q
   // (stored by the load thread before the slot's next load); the dP slot then goes back to the dP thread as soon as
   // its owner has read dP and P, so that the next loads wait for the block's products alone, not for dQ's staging
   // and store. A dP slot is then held only while its owner reads it, and P's buffer (the block's dS buffer) until
   // the block's products are done: kDeepP (QKSOFTMAX_SM90_SP_DQ_IN_Q=2) gives a dP slot's 16 KB to a fourth dS
-  // buffer, each consumer a dP slot of its own, so that block g's P waits for block g − 4's products (its
-  // consumer's block before the last) instead of g − 3's (the other's last).
+  // buffer, each consumer a dP slot of its own, so that block g's P and dP load once its consumer has read block
+  // g − 2 (the slot; block g − 4's products, which the buffer waits for, are done by then) instead of once block
+  // g − 3's products, the other consumer's last, are done.
   static constexpr bool kDqInQ = kSavedP && kDkWarpgroup_ && kSm90SpDqInQ > 0;
   static constexpr bool kDeepP = kDqInQ && kSm90SpDqInQ >= 2;
   static_assert(!(kDqInQ && kSm90SpDqRs), "dQ in Q's slot waits for the block's dK, which dS from registers delays");

@@ -1,7 +1,7 @@
 // The consumer warpgroups of the pingpong single pass (sp_pp_config.h). The CTA's blocks g = 0, 1, … (counted
 // over its tiles) alternate between them: block g is consumer g mod 2's. Consumer w, per block j of its own:
 //   S(j) awaited (issued in its previous turn, or at the tile's start); dP(j) read; the row statistics and dS(j)
-//   (sp_pp_softmax.cuh), written to dS buffer j mod 3 once block j − 3's products are done;
+//   (sp_pp_softmax.cuh), written to dS buffer j mod kDsBuffers once block j − kDsBuffers's products are done;
 //   its turn (kTurnBarrier + w, which the other consumer's end of turn opens): dK_w += dS(j − 1)ᵀ Q(j − 1) (the
 //   other's block before, where the tile has it) + dS(j)ᵀ Q(j), then dQ(j) = dS(j) K, then S(j + 2) (where the
 //   tile has it), each a batch; then the other's turn opened;
@@ -190,7 +190,8 @@ struct SpPpMainloop {
         softmax.ds(tSrS, tSrdP, cut, f, fd, tSrdS);
       }
       trace.mark(PpTracePhase::kSoftmax);
-      // dS(j)'s buffer: block j − 3's products done (in saved-P awaited by the dP thread before P(j)'s load).
+      // dS(j)'s buffer: block j − kDsBuffers's products done (in saved-P awaited by the dP thread before P(j)'s
+      // load).
       if constexpr (!kSavedP) Cfg::await_ds_free(st, j);
       trace.mark(PpTracePhase::kDsFree);
       // dS(j) into its buffer (in saved-P over P(j)), for the dQ product (SS) and dK's.

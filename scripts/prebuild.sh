@@ -3,8 +3,8 @@
 # them for a device call, so that the call spends its minutes running rather than compiling. AB and UNTESTED as
 # sp-ab-check.sh takes them; per variant build/prebuilt/NAME.tar.xz (the shared library, the bench, the step
 # benchmark and, unless UNTESTED, the kernel tests; machine code alone, no PTX; run-paths relative to the
-# binaries) and NAME.flags (the CUDA flags and the source it was built from, which sp-ab-check.sh compares before
-# using it), and deps.tar.xz (.deps, for the device's fallback build where a packed tree does not run there). Carry
+# binaries) and NAME.flags (the CUDA flags, the revision and the hash of the sources it was built from,
+# scripts/source_hash.sh, which sp-ab-check.sh compares before using it), and deps.tar.xz (.deps, for the device's fallback build where a packed tree does not run there). Carry
 # build/prebuilt alone.
 #
 #   AB="main=;rs=-DQKSOFTMAX_SM90_SP_DQ_RS" UNTESTED=main scripts/prebuild.sh   (~11 min a tree with its kernel tests on 2 cores)
@@ -38,7 +38,8 @@ for v in "${variants[@]}"; do
   grep -hE "C7510|C7512|C7518" "$tree.log" | head -3 || true
   (cd "$tree" && tar -cJf - $files) > "$PRE/$name.tar.xz"
   rev=$(git -C "$src" rev-parse HEAD 2> /dev/null || echo "$src")
-  printf '%s\n%s\n' "$flags" "$rev$(git -C "$src" diff --quiet HEAD 2> /dev/null || echo '+changes')" > "$PRE/$name.flags"
+  printf '%s\n%s\n%s\n' "$flags" "$rev$(git -C "$src" diff --quiet HEAD 2> /dev/null || echo '+changes')" \
+    "$(scripts/source_hash.sh "$src")" > "$PRE/$name.flags"
   ls -la "$PRE/$name.tar.xz"
 done
 du -sh "$PRE"

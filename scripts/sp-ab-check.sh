@@ -32,11 +32,12 @@ BENCH_FAILED=${BENCH_FAILED:-}  # non-empty: variants whose kernel tests fail ar
 source scripts/device_stages.sh
 PRE=build/prebuilt
 [ -e .deps ] || [ ! -f $PRE/deps.tar.xz ] || tar -xJf $PRE/deps.tar.xz
-# Variant NAME's packed tree, built with FLAGS, unpacked into build/ab-NAME; true where its binaries start here
-# (the kernel tests too unless UNTESTED).
+# Variant NAME's packed tree, built with FLAGS from the sources in SRC (where they are here: the same hash), unpacked
+# into build/ab-NAME; true where its binaries start here (the kernel tests too unless UNTESTED).
 prebuilt() {
-  local name=$1 flags=$2 tree=build/ab-$1
-  [ -f "$PRE/$name.tar.xz" ] && [ "$(head -1 "$PRE/$name.flags")" = "$flags" ] || return 1
+  local name=$1 flags=$2 src=$3 tree=build/ab-$1
+  [ -f "$PRE/$name.tar.xz" ] && [ "$(sed -n 1p "$PRE/$name.flags")" = "$flags" ] || return 1
+  [ ! -d "$src" ] || [ "$(sed -n 3p "$PRE/$name.flags")" = "$(scripts/source_hash.sh "$src")" ] || return 1
   rm -rf "$tree" && mkdir -p "$tree" && tar -xJf "$PRE/$name.tar.xz" -C "$tree" || return 1
   "$tree/bench/qksoftmax-bench" --help > /dev/null 2>&1 || return 1
   ! ldd "$tree/bench/qksoftmax-step" | grep -q "not found" || return 1
@@ -51,7 +52,7 @@ for i in "${!variants[@]}"; do
   name=${variants[$i]%%=*} flags=${variants[$i]#*=} src=.
   if [[ $name == *@* ]]; then src=${name#*@} name=${name%%@*}; fi
   variants[i]="$name=$flags"
-  if prebuilt "$name" "$flags"; then echo "== $name: prebuilt ($(tail -1 "$PRE/$name.flags"))"; continue; fi
+  if prebuilt "$name" "$flags" "$src"; then echo "== $name: prebuilt ($(sed -n 2p "$PRE/$name.flags"))"; continue; fi
   [ -d "$src" ] || { echo "variant $name: no source tree $src (carry it)"; exit 1; }
   [ -e "$src/.deps" ] || ln -s "$PWD/.deps" "$src/.deps"
   stage "configure-$name" 60 cmake -S "$src" -B "build/ab-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release \

@@ -15,9 +15,9 @@
 #   AB="pairs8=-DQKSOFTMAX_SM90_SP_MAX_CLUSTER=8;main=" UNTESTED=main scripts/sp-ab-check.sh
 #   mkdir -p build/head && git archive HEAD | tar -x -C build/head   (then carry .deps and build/head)
 #   AB="head@build/head=;new=" UNTESTED=head scripts/sp-ab-check.sh
-# A variant packed by scripts/prebuild.sh (build/prebuilt carried: NAME.tar.xz built with the same flags) is unpacked
-# and run as it is where its binaries start here; otherwise it is built here as above (.deps unpacked from the packs'
-# deps.tar.xz where it is not carried).
+# A variant packed by scripts/prebuild.sh (build/prebuilt carried: NAME.tar.xz built with the same flags from sources
+# that hash the same, scripts/source_hash.sh) is unpacked and run as it is where its binaries start here; otherwise it
+# is built here as above (.deps unpacked from the packs' deps.tar.xz where it is not carried).
 # shellcheck disable=SC2086
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-out/sp-ab-check}

@@ -34,15 +34,20 @@ PRE=build/prebuilt
 [ -e .deps ] || [ ! -f $PRE/deps.tar.xz ] || tar -xJf $PRE/deps.tar.xz
 # Variant NAME's packed tree, built with FLAGS from the sources in SRC (where they are here: the same hash), unpacked
 # into build/ab-NAME; true where its binaries start here (the kernel tests too unless UNTESTED).
+# Says why where it is not.
 prebuilt() {
   local name=$1 flags=$2 src=$3 tree=build/ab-$1
-  [ -f "$PRE/$name.tar.xz" ] && [ "$(sed -n 1p "$PRE/$name.flags")" = "$flags" ] || return 1
-  [ ! -d "$src" ] || [ "$(sed -n 3p "$PRE/$name.flags")" = "$(scripts/source_hash.sh "$src")" ] || return 1
+  [ -f "$PRE/$name.tar.xz" ] || return 1
+  [ "$(sed -n 1p "$PRE/$name.flags")" = "$flags" ] || { echo "$name: pack built with other flags"; return 1; }
+  [ ! -d "$src" ] || [ "$(sed -n 3p "$PRE/$name.flags")" = "$(scripts/source_hash.sh "$src")" ] ||
+    { echo "$name: pack from other sources ($(scripts/source_hash.sh "$src") here)"; return 1; }
   rm -rf "$tree" && mkdir -p "$tree" && tar -xJf "$PRE/$name.tar.xz" -C "$tree" || return 1
-  "$tree/bench/qksoftmax-bench" --help > /dev/null 2>&1 || return 1
-  ! ldd "$tree/bench/qksoftmax-step" | grep -q "not found" || return 1
+  "$tree/bench/qksoftmax-bench" --help > /dev/null 2>&1 ||
+    { echo "$name: the packed bench does not start:"; "$tree/bench/qksoftmax-bench" --help 2>&1 | head -3; return 1; }
+  ! ldd "$tree/bench/qksoftmax-step" | grep "not found" || return 1
   skipped tests || [[ " $UNTESTED " == *" $name "* ]] ||
-    "$tree/tests/cpp/qksoftmax_kernel_tests" --gtest_list_tests > /dev/null 2>&1
+    "$tree/tests/cpp/qksoftmax_kernel_tests" --gtest_list_tests > /dev/null 2>&1 ||
+    { echo "$name: the packed kernel tests do not start"; return 1; }
 }
 
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader

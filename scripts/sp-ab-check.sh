@@ -28,6 +28,7 @@ SKIP=${SKIP:-}
 MODE=${MODE:-recompute}  # the bench's --mode: recompute or saved_p
 TESTS=${TESTS:-'*GpuSp*'}  # the kernel tests run per tested variant (saved-P's alone: '*GpuSpSaved*')
 BENCH_FAILED=${BENCH_FAILED:-}  # non-empty: variants whose kernel tests fail are benchmarked all the same
+PREBUILT_ONLY=${PREBUILT_ONLY:-}  # non-empty: a variant without a pack that runs here stops the call (no build)
 # shellcheck source=scripts/device_stages.sh
 source scripts/device_stages.sh
 PRE=build/prebuilt
@@ -37,14 +38,15 @@ PRE=build/prebuilt
 # Says why where it is not.
 prebuilt() {
   local name=$1 flags=$2 src=$3 tree=build/ab-$1
-  [ -f "$PRE/$name.tar.xz" ] || return 1
+  [ -f "$PRE/$name.tar.xz" ] || { echo "$name: no pack $PRE/$name.tar.xz"; return 1; }
   [ "$(sed -n 1p "$PRE/$name.flags")" = "$flags" ] || { echo "$name: pack built with other flags"; return 1; }
   [ ! -d "$src" ] || [ "$(sed -n 3p "$PRE/$name.flags")" = "$(scripts/source_hash.sh "$src")" ] ||
     { echo "$name: pack from other sources ($(scripts/source_hash.sh "$src") here)"; return 1; }
-  rm -rf "$tree" && mkdir -p "$tree" && tar -xJf "$PRE/$name.tar.xz" -C "$tree" || return 1
+  rm -rf "$tree" && mkdir -p "$tree" && tar -xJf "$PRE/$name.tar.xz" -C "$tree" ||
+    { echo "$name: the pack does not unpack"; return 1; }
   "$tree/bench/qksoftmax-bench" --help > /dev/null 2>&1 ||
     { echo "$name: the packed bench does not start:"; "$tree/bench/qksoftmax-bench" --help 2>&1 | head -3; return 1; }
-  ! ldd "$tree/bench/qksoftmax-step" | grep "not found" || return 1
+  ! ldd "$tree/bench/qksoftmax-step" | grep "not found" || { echo "$name: the step benchmark's libraries missing"; return 1; }
   skipped tests || [[ " $UNTESTED " == *" $name "* ]] ||
     "$tree/tests/cpp/qksoftmax_kernel_tests" --gtest_list_tests > /dev/null 2>&1 ||
     { echo "$name: the packed kernel tests do not start"; return 1; }
@@ -58,6 +60,7 @@ for i in "${!variants[@]}"; do
   if [[ $name == *@* ]]; then src=${name#*@} name=${name%%@*}; fi
   variants[i]="$name=$flags"
   if prebuilt "$name" "$flags" "$src"; then echo "== $name: prebuilt ($(sed -n 2p "$PRE/$name.flags"))"; continue; fi
+  [ -z "$PREBUILT_ONLY" ] || { echo "variant $name: no pack runs here (PREBUILT_ONLY)"; exit 1; }
   [ -d "$src" ] || { echo "variant $name: no source tree $src (carry it)"; exit 1; }
   [ -e "$src/.deps" ] || ln -s "$PWD/.deps" "$src/.deps"
   stage "configure-$name" 60 cmake -S "$src" -B "build/ab-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release \

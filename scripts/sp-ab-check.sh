@@ -80,16 +80,18 @@ for v in "${variants[@]}"; do
   echo "$name: $(grep -hE 'PASSED|FAILED' "$LOGS/tests-$name.log" | tr '\n' ' ')"
 done
 for round in 1 2; do
-  # (the first round's files in the archive, the second's beside it where at most three variants ran)
-  to=$LOGS; [ $round = 2 ] && [ ${#variants[@]} -le 3 ] && to=$OUT
+  # (the first round's files in the archive, the second's beside it where at most three variants ran; with more,
+  # each round's in the archive under its own name)
+  to=$LOGS tag=; [ $round = 2 ] && [ ${#variants[@]} -le 3 ] && to=$OUT
+  [ ${#variants[@]} -le 3 ] || tag=-$round
   for name in "${passed[@]}"; do
     if ! skipped step; then
-      stage "step-$name-$round" 60 "build/ab-$name/bench/qksoftmax-step" --trace "$to/h200-step-$name.json"
+      stage "step-$name-$round" 60 "build/ab-$name/bench/qksoftmax-step" --trace "$to/h200-step-$name$tag.json"
       grep -E "^kb single_pass" "$LOGS/step-$name-$round.log" | sed "s/^/$name $round: /"
     fi
     stage "seed16-$name-$round" 60 "build/ab-$name/bench/qksoftmax-bench" --suite seed16 --mode "$MODE" \
-      --dtype bf16,fp16 --impl qksoftmax --json "$to/h200-seed16-$name.json" &&
-      suite "$to/h200-seed16-$name.json" | sed "s/^/$round: /"
+      --dtype bf16,fp16 --impl qksoftmax --json "$to/h200-seed16-$name$tag.json" &&
+      suite "$to/h200-seed16-$name$tag.json" | sed "s/^/$round: /"
   done
 done
 for name in "${passed[@]}"; do

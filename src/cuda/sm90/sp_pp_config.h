@@ -70,13 +70,13 @@ constexpr bool kSm90SpDqRs = true;
 constexpr bool kSm90SpDqRs = false;
 #endif
 
-// QKSOFTMAX_SM90_SP_DQ_IN_Q, an A/B build's knob: saved-P's dQ of a block staged in the block's Q slot instead of its
-// dP slot, and stored from there by the load thread (SpPpConfig::kDqInQ); =2 besides trades a dP slot for a fourth
-// dS buffer (SpPpConfig::kDeepP).
+// QKSOFTMAX_SM90_SP_DQ_IN_Q: saved-P's dQ of a block staged in the block's Q slot and stored from there by the load
+// thread (SpPpConfig::kDqInQ), the default (1); =0, an A/B build's knob, stages it in the block's dP slot as
+// recompute does; =2 besides trades a dP slot for a fourth dS buffer (SpPpConfig::kDeepP).
 #ifdef QKSOFTMAX_SM90_SP_DQ_IN_Q
 constexpr int kSm90SpDqInQ = QKSOFTMAX_SM90_SP_DQ_IN_Q;
 #else
-constexpr int kSm90SpDqInQ = 0;
+constexpr int kSm90SpDqInQ = 1;
 #endif
 
 // QKSOFTMAX_SM90_SP_DIAG, a diagnostic build's knob: Params::diag, read at launch from the environment variable of
@@ -153,7 +153,7 @@ struct SpPpConfig {
   // give a Q slot (16 KB) to the statistics slots of their peers. Saved-P: a dS buffer's next writer is the dP
   // thread's TMA of block g + kDsBuffers's P, after the buffer's ds_free; Q's only reader is the dK warpgroup.
   // Where a block's dQ is staged for its TMA store: its dP slot (stored by the dP thread before the slot's next
-  // load), or in saved-P with QKSOFTMAX_SM90_SP_DQ_IN_Q its Q slot, once the dK warpgroup's product has read Q
+  // load), or in saved-P (QKSOFTMAX_SM90_SP_DQ_IN_Q, the default) its Q slot, once the dK warpgroup's product has read Q
   // (stored by the load thread before the slot's next load); the dP slot then goes back to the dP thread as soon as
   // its owner has read dP and P, so that the next loads wait for the block's products alone, not for dQ's staging
   // and store. A dP slot is then held only while its owner reads it, and P's buffer (the block's dS buffer) until
@@ -163,7 +163,6 @@ struct SpPpConfig {
   // g − 3's products, the other consumer's last, are done.
   static constexpr bool kDqInQ = kSavedP && kDkWarpgroup_ && kSm90SpDqInQ > 0;
   static constexpr bool kDeepP = kDqInQ && kSm90SpDqInQ >= 2;
-  static_assert(!(kDqInQ && kSm90SpDqRs), "dQ in Q's slot waits for the block's dK, which dS from registers delays");
   static constexpr int kQStages = kCluster <= 2 ? 4 : 3;
   static constexpr int kPStages = kDeepP ? 2 : 3;
   static constexpr int kKBuffers = 2;

@@ -10,8 +10,8 @@
 // In a cluster, the statistics of a block whose rows see keys of other CTAs are combined with theirs
 // (sp_pp_exchange.cuh) before dS. Saved-P (Cfg::kSavedP): no S; P(j) is read from dS(j)'s buffer, where the dP
 // thread loaded it on dP(j)'s slot barrier, with dP(j); the statistics are D alone, and dS(j) is written over P(j);
-// the turn issues dQ(j) alone (with Cfg::kDqInQ, dP(j)'s slot is handed back once dP(j) and P(j) are read, and dQ(j)
-// is staged in Q(j)'s slot once the dK warpgroup has read it).
+// the turn issues dQ(j) alone, dP(j)'s slot is handed back once dP(j) and P(j) are read, and dQ(j) is staged in Q(j)'s
+// slot once the dK warpgroup has read it (Cfg::kDqInQ; in dP(j)'s slot, as above, with QKSOFTMAX_SM90_SP_DQ_IN_Q=0).
 // S(j + 2) runs during the other consumer's element-wise work and turn, and each warpgroup's exponentials and
 // reductions under the other's products. At a tile's end the consumer that does not own the last block adds that
 // block's dK (its dS announced by kTileDsBarrier); each stores dK of its 64 keys.
@@ -57,7 +57,8 @@ struct SpPpMainloop {
     // once its owner has issued dQ, so that dQ runs ahead of the block's dK on the tensor pipe.
     // Saved-P with QKSOFTMAX_SM90_SP_DQ_RS (an A/B build's knob): dQ(j) from dS(j)'s registers, issued before dS(j)
     // is written for the dK warpgroup, which then writes it under the product (so announced after dQ's issue, as with
-    // kDsAfterDq); the owner's part of the buffer's release follows its own store instead of its product.
+    // kDsAfterDq); the owner's part of the buffer's release follows its own store instead of its product. With
+    // Cfg::kDqInQ (or kDsAfterDq) dQ(j)'s staging in Q(j)'s slot then waits for the block's dK, which runs behind dQ.
     constexpr bool kDqRs = kSavedP && kDkWarpgroup && kSm90SpDqRs;
     constexpr bool kDsAfterDq = kSavedP && kDkWarpgroup && kSm90SpDsAfterDq && !kDqRs;
     typename Cfg::Trace trace(w == 0 ? KbTraceRole::kConsumer0 : KbTraceRole::kConsumer1, tid < 32);
@@ -94,7 +95,6 @@ struct SpPpMainloop {
     const Tensor tdQsdS = thr_dq.partition_fragment_A(sdS);  // (MMA, 1, BN/16, DB) descriptors
     const Tensor tdQsK = thr_dq.partition_fragment_B(sKt);   // (MMA, 1, BN/16, KB) descriptors
     typename Cfg::MmadQRs mma_dq_rs;                          // (kDqRs)
-    const Tensor tdQrsK = mma_dq_rs.get_thread_slice(tid).partition_fragment_B(sKt);  // (MMA, 1, BN/16, KB) descriptors
     using FragdQ = decltype(partition_fragment_C(mma_dq, Shape<BM, HD>{}));  // (MMA, 1, 1) fp32
 
     // The 32-bit shared-memory address of this thread's first ldmatrix access of dP in slot 0 and of its first
@@ -245,7 +245,7 @@ struct SpPpMainloop {
           Tensor tSrdS32 = recast<uint32_t>(tSrdS);  // (32) packed pairs
           warpgroup_fence_operand(tSrdS32);          // (packed before the product's fence, not between its HGMMAs)
           const Tensor tdQrdS = make_tensor(tSrdS.data(), acc_as_operand_a(tSrdS.layout()));  // ((2, 2, 2), 1, BN/16)
-          warpgroup_mma<kDqBlocks, true, false>(mma_dq_rs, tdQrdS, tdQrsK(_, _, _, k_use.buffer), tdQrdQ);
+          warpgroup_mma<kDqBlocks, true, false>(mma_dq_rs, tdQrdS, tdQsK(_, _, _, k_use.buffer), tdQrdQ);
         } else {
           warpgroup_mma<kDqBlocks, true, false>(mma_dq, tdQsdS(_, _, _, Cfg::ds_buffer(j)),
                                                 tdQsK(_, _, _, k_use.buffer), tdQrdQ);

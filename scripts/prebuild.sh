@@ -8,11 +8,13 @@
 # build/prebuilt alone.
 #
 #   AB="main=;rs=-DQKSOFTMAX_SM90_SP_DQ_RS" UNTESTED=main scripts/prebuild.sh   (~11 min a tree with its kernel tests on 2 cores)
+#   AB="main=" SUITE=main scripts/prebuild.sh   (main's pack with the library's tests too, for sp-ab-check.sh's GPU_SUITE)
 # shellcheck disable=SC2086,SC2016
 set -euo pipefail
 cd "$(dirname "$0")/.."
 AB=${AB:?AB="name=flags;..." as sp-ab-check.sh takes it}
 UNTESTED=${UNTESTED:-}
+SUITE=${SUITE:-}  # variants whose packs also hold the library's tests (qksoftmax_tests: the GPU suite's C++ part)
 JOBS=${JOBS:-$(nproc)}
 PRE=build/prebuilt
 mkdir -p "$PRE"
@@ -32,6 +34,10 @@ for v in "${variants[@]}"; do
   if [[ " $UNTESTED " != *" $name "* ]]; then
     targets+=" qksoftmax_kernel_tests"
     files+=" tests/cpp/qksoftmax_kernel_tests"
+  fi
+  if [[ " $SUITE " == *" $name "* ]]; then
+    targets+=" qksoftmax_tests"
+    files+=" tests/cpp/qksoftmax_tests"
   fi
   echo "== $name: building $targets ($flags)"
   cmake --build "$tree" -j "$JOBS" --target $targets >> "$tree.log"

@@ -17,7 +17,9 @@
 #   AB="head@build/head=;new=" UNTESTED=head scripts/sp-ab-check.sh
 # A variant packed by scripts/prebuild.sh (build/prebuilt carried: NAME.tar.xz built with the same flags from sources
 # that hash the same, scripts/source_hash.sh) is unpacked and run as it is where its binaries start here; otherwise it
-# is built here as above (.deps unpacked from the packs' deps.tar.xz where it is not carried).
+# is built here as above (.deps unpacked from the packs' deps.tar.xz where it is not carried). GPU_SUITE=NAME then
+# runs that variant's library tests on the GPU ('*Gpu*' of qksoftmax_tests, in one process; prebuild.sh's SUITE packs
+# them).
 # shellcheck disable=SC2086
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-out/sp-ab-check}
@@ -29,6 +31,7 @@ MODE=${MODE:-recompute}  # the bench's --mode: recompute or saved_p
 TESTS=${TESTS:-'*GpuSp*'}  # the kernel tests run per tested variant (saved-P's alone: '*GpuSpSaved*')
 BENCH_FAILED=${BENCH_FAILED:-}  # non-empty: variants whose kernel tests fail are benchmarked all the same
 PREBUILT_ONLY=${PREBUILT_ONLY:-}  # non-empty: a variant without a pack that runs here stops the call (no build)
+GPU_SUITE=${GPU_SUITE:-}  # a variant whose library tests (qksoftmax_tests, '*Gpu*') run after the rounds (packed: SUITE)
 # shellcheck source=scripts/device_stages.sh
 source scripts/device_stages.sh
 PRE=build/prebuilt
@@ -99,4 +102,8 @@ for name in "${passed[@]}"; do
     --dtype bf16 --impl qksoftmax --no-mask --json "$LOGS/h200-seed16-nomask-$name.json" &&
     suite "$LOGS/h200-seed16-nomask-$name.json"
 done
+if [ -n "$GPU_SUITE" ]; then
+  stage "gpu-suite-$GPU_SUITE" 240 "build/ab-$GPU_SUITE/tests/cpp/qksoftmax_tests" --gtest_filter='*Gpu*' --gtest_brief=1
+  echo "$GPU_SUITE: $(grep -hE 'PASSED|FAILED|SKIPPED' "$LOGS/gpu-suite-$GPU_SUITE.log" | tr '\n' ' ')"
+fi
 tar -czf "$OUT/logs.tar.gz" -C "$LOGS" .

@@ -19,7 +19,7 @@
 # that hash the same, scripts/source_hash.sh) is unpacked and run as it is where its binaries start here; otherwise it
 # is built here as above (.deps unpacked from the packs' deps.tar.xz where it is not carried). GPU_SUITE=NAME then
 # runs that variant's library tests on the GPU ('*Gpu*' of qksoftmax_tests, in one process; prebuild.sh's SUITE packs
-# them).
+# them); SANITIZE=NAME runs that variant's kernel tests (TESTS, small shapes) under compute-sanitizer's four tools.
 # shellcheck disable=SC2086
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-out/sp-ab-check}
@@ -32,6 +32,8 @@ TESTS=${TESTS:-'*GpuSp*'}  # the kernel tests run per tested variant (saved-P's 
 BENCH_FAILED=${BENCH_FAILED:-}  # non-empty: variants whose kernel tests fail are benchmarked all the same
 PREBUILT_ONLY=${PREBUILT_ONLY:-}  # non-empty: a variant without a pack that runs here stops the call (no build)
 TIME_FAILED=${TIME_FAILED:-}  # variants whose results are wrong by design (diagnostic builds): timed all the same
+SANITIZE=${SANITIZE:-}  # a tested variant whose kernel tests (TESTS, small shapes) run under compute-sanitizer's tools
+GPU_SUITE_FILTER=${GPU_SUITE_FILTER:-'*Gpu*'}
 GPU_SUITE=${GPU_SUITE:-}  # a variant whose library tests (qksoftmax_tests, '*Gpu*') run after the rounds (packed: SUITE)
 # shellcheck source=scripts/device_stages.sh
 source scripts/device_stages.sh
@@ -105,8 +107,14 @@ for name in "${passed[@]}"; do
     --dtype bf16 --impl qksoftmax --no-mask $(failed_ok "$name") --json "$LOGS/h200-seed16-nomask-$name.json" &&
     suite "$LOGS/h200-seed16-nomask-$name.json"
 done
+for tool in ${SANITIZE:+initcheck memcheck racecheck synccheck}; do
+  stage "sanitize-$tool" 90 env QKSOFTMAX_TEST_SHAPES=small compute-sanitizer --tool $tool --error-exitcode 1 \
+    "build/ab-$SANITIZE/tests/cpp/qksoftmax_kernel_tests" --gtest_filter="$TESTS" --gtest_brief=1
+  echo "$tool: $(grep -hE 'PASSED|FAILED|ERROR SUMMARY|RACECHECK SUMMARY' "$LOGS/sanitize-$tool.log" | tr '\n' ' ')"
+done
 if [ -n "$GPU_SUITE" ]; then
-  stage "gpu-suite-$GPU_SUITE" 240 "build/ab-$GPU_SUITE/tests/cpp/qksoftmax_tests" --gtest_filter='*Gpu*' --gtest_brief=1
+  stage "gpu-suite-$GPU_SUITE" 240 "build/ab-$GPU_SUITE/tests/cpp/qksoftmax_tests" --gtest_filter="$GPU_SUITE_FILTER" \
+    --gtest_brief=1
   echo "$GPU_SUITE: $(grep -hE 'PASSED|FAILED|SKIPPED' "$LOGS/gpu-suite-$GPU_SUITE.log" | tr '\n' ' ')"
 fi
 tar -czf "$OUT/logs.tar.gz" -C "$LOGS" .

@@ -61,13 +61,13 @@ constexpr bool kSm90SpDsAfterDq = true;
 constexpr bool kSm90SpDsAfterDq = false;
 #endif
 
-// QKSOFTMAX_SM90_SP_DQ_RS, an A/B build's knob: saved-P's dQ = dS K takes dS from its owner's registers (RS), issued
-// before dS is written for the dK warpgroup, so that the dS store runs under the dQ product and the product reads
-// no dS from shared memory (sp_pp_mainloop.cuh).
+// QKSOFTMAX_SM90_SP_DQ_RS: saved-P's dQ = dS K takes dS from its owner's registers (RS), issued before dS is
+// written for the dK warpgroup, so that the dS store runs under the dQ product and the product reads no dS from
+// shared memory (sp_pp_mainloop.cuh); the default (1); =0, an A/B build's knob, reads dS from shared memory (SS).
 #ifdef QKSOFTMAX_SM90_SP_DQ_RS
-constexpr bool kSm90SpDqRs = true;
+constexpr bool kSm90SpDqRs = QKSOFTMAX_SM90_SP_DQ_RS != 0;
 #else
-constexpr bool kSm90SpDqRs = false;
+constexpr bool kSm90SpDqRs = true;
 #endif
 
 // QKSOFTMAX_SM90_SP_DQ_IN_Q: saved-P's dQ of a block staged in the block's Q slot and stored from there by the load

@@ -10,8 +10,10 @@
 // In a cluster, the statistics of a block whose rows see keys of other CTAs are combined with theirs
 // (sp_pp_exchange.cuh) before dS. Saved-P (Cfg::kSavedP): no S; P(j) is read from dS(j)'s buffer, where the dP
 // thread loaded it on dP(j)'s slot barrier, with dP(j); the statistics are D alone, and dS(j) is written over P(j);
-// the turn issues dQ(j) alone, dP(j)'s slot is handed back once dP(j) and P(j) are read, and dQ(j) is staged in Q(j)'s
-// slot once the dK warpgroup has read it (Cfg::kDqInQ; in dP(j)'s slot, as above, with QKSOFTMAX_SM90_SP_DQ_IN_Q=0).
+// the turn issues dQ(j) alone, from dS(j)'s registers, and writes dS(j) for the dK warpgroup under it
+// (QKSOFTMAX_SM90_SP_DQ_RS; =0: dS(j) written before the turn and read by the product); dP(j)'s slot is handed back
+// once dP(j) and P(j) are read, and dQ(j) is staged in Q(j)'s slot once the dK warpgroup has read it (Cfg::kDqInQ; in
+// dP(j)'s slot, as above, with QKSOFTMAX_SM90_SP_DQ_IN_Q=0).
 // S(j + 2) runs during the other consumer's element-wise work and turn, and each warpgroup's exponentials and
 // reductions under the other's products. At a tile's end the consumer that does not own the last block adds that
 // block's dK (its dS announced by kTileDsBarrier); each stores dK of its 64 keys.
@@ -55,7 +57,7 @@ struct SpPpMainloop {
     constexpr bool kTurns = !(kSavedP && kSm90SpNoTurns);
     // Saved-P with QKSOFTMAX_SM90_SP_DS_AFTER_DQ (an A/B build's knob): a block's dS announced to the dK warpgroup
     // once its owner has issued dQ, so that dQ runs ahead of the block's dK on the tensor pipe.
-    // Saved-P with QKSOFTMAX_SM90_SP_DQ_RS (an A/B build's knob): dQ(j) from dS(j)'s registers, issued before dS(j)
+    // Saved-P (QKSOFTMAX_SM90_SP_DQ_RS, the default): dQ(j) from dS(j)'s registers, issued before dS(j)
     // is written for the dK warpgroup, which then writes it under the product (so announced after dQ's issue, as with
     // kDsAfterDq); the owner's part of the buffer's release follows its own store instead of its product. With
     // Cfg::kDqInQ (or kDsAfterDq) dQ(j)'s staging in Q(j)'s slot then waits for the block's dK, which runs behind dQ.

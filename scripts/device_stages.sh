@@ -22,6 +22,16 @@ stage() {
   echo "== $name: rc $rc, $((SECONDS - t)) s"
   return $rc
 }
+# The four compute-sanitizer tools on a gtest binary's tests matching a filter (small shapes), each within `limit`
+# seconds, their verdicts printed.
+sanitize() {
+  local bin=$1 filter=$2 limit=$3 tool
+  for tool in initcheck memcheck racecheck synccheck; do
+    stage "sanitize-$tool" "$limit" env QKSOFTMAX_TEST_SHAPES=small compute-sanitizer --tool $tool --error-exitcode 1 \
+      "$bin" --gtest_filter="$filter" --gtest_brief=1
+    echo "$tool: $(grep -hE 'PASSED|FAILED|ERROR SUMMARY|RACECHECK SUMMARY' "$LOGS/sanitize-$tool.log" | tr '\n' ' ')"
+  done
+}
 suite() {  # results file: its means and cases, one line per dtype
   python3 - "$1" <<'PY'
 import json, sys

@@ -70,11 +70,7 @@ if ! skipped profile; then
 fi
 # SANITIZE: a gtest filter of kernel tests run under compute-sanitizer's four tools (small shapes), before ctest.
 if [ -n "${SANITIZE:-}" ] && ! skipped tests; then
-  for tool in initcheck memcheck racecheck synccheck; do
-    QKSOFTMAX_TEST_SHAPES=small stage "sanitize-$tool" 80 compute-sanitizer --tool $tool --error-exitcode 1 \
-      build/spp/tests/cpp/qksoftmax_kernel_tests --gtest_filter="$SANITIZE" --gtest_brief=1
-    echo "$tool: $(grep -hE 'PASSED|FAILED|ERROR SUMMARY|RACECHECK SUMMARY' "$LOGS/sanitize-$tool.log" | tr '\n' ' ')"
-  done
+  sanitize build/spp/tests/cpp/qksoftmax_kernel_tests "$SANITIZE" 80
 fi
 if ! skipped ctest; then
   stage ctest 300 ctest --test-dir build/spp -j 14 --timeout 100 -E 'IndexingPast2To31|api_fuzz_cpu|stress_cpu'
